@@ -1,0 +1,107 @@
+"""postroom: durable coordination for multi-agent systems.
+
+Agents hand tasks to each other through a store (SQLite or PostgreSQL). Work survives
+crashes, reconnects and duplicate delivery; each result reaches its requester exactly once in
+effect; every state is explained by durable records.
+
+    store = postroom.open_store("sqlite:///work.db")
+    ack = store.receive(postroom.AuthContext(principal="planner"), envelope)
+    claim = store.claim("worker-1")
+    store.finish(claim, {"answer": 42})
+    store.dispatch(postroom.InProcessTransport(receiver))
+"""
+
+from postroom.clock import Clock, ManualClock, SystemClock
+from postroom.errors import (
+    BatchFailed,
+    Conflict,
+    DeliveryError,
+    Fenced,
+    InvalidEnvelope,
+    InvalidInput,
+    NotFound,
+    PayloadCollision,
+    PermanentDeliveryError,
+    PostroomError,
+    SchemaError,
+    StoreError,
+    StoreUnavailable,
+    TransientDeliveryError,
+    Unauthorized,
+)
+from postroom.models import (
+    Ack,
+    AuthContext,
+    Claim,
+    DispatchReport,
+    Envelope,
+    FollowUp,
+    Outcome,
+    OutcomeKind,
+    Outgoing,
+    Position,
+    ReceiverAck,
+    Reconciled,
+    Reply,
+    ReplyClaim,
+    ReplyState,
+    Requeue,
+    Task,
+    TaskState,
+)
+from postroom.receiver import Receiver
+from postroom.settings import ExponentialBackoff, FixedBackoff, Settings
+from postroom.store.core import Store, open_store
+from postroom.transports import InProcessTransport, Transport
+from postroom.validation import Limits
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Ack",
+    "AuthContext",
+    "BatchFailed",
+    "Claim",
+    "Clock",
+    "Conflict",
+    "DeliveryError",
+    "DispatchReport",
+    "Envelope",
+    "ExponentialBackoff",
+    "Fenced",
+    "FixedBackoff",
+    "FollowUp",
+    "InProcessTransport",
+    "InvalidEnvelope",
+    "InvalidInput",
+    "Limits",
+    "ManualClock",
+    "NotFound",
+    "Outcome",
+    "OutcomeKind",
+    "Outgoing",
+    "PayloadCollision",
+    "PermanentDeliveryError",
+    "Position",
+    "PostroomError",
+    "Receiver",
+    "ReceiverAck",
+    "Reconciled",
+    "Reply",
+    "ReplyClaim",
+    "ReplyState",
+    "Requeue",
+    "SchemaError",
+    "Settings",
+    "Store",
+    "StoreError",
+    "StoreUnavailable",
+    "SystemClock",
+    "Task",
+    "TaskState",
+    "TransientDeliveryError",
+    "Transport",
+    "Unauthorized",
+    "__version__",
+    "open_store",
+]

@@ -1,0 +1,5 @@
+"""``python -m postroom`` runs the command line."""
+
+from postroom.cli import main
+
+main()

@@ -1,0 +1,105 @@
+"""``postroom audit``: check the invariants of SPEC §8 on a database, read-only.
+
+Relational invariants are SQL queries (``sql/audit.sql``) that return the violating rows;
+identities and fingerprints are re-derived here in Python. A database may hold a store, a
+receiver, or both; each component present is checked.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from postroom.models import TaskState
+from postroom.store import Database, dialect_for_url
+from postroom.store.dialect import Row
+from postroom.transitions import reply_content, reply_id_for
+from postroom.validation import canonical_json, fingerprint, task_id_for
+
+__all__ = ["Violation", "audit_database", "audit_url"]
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """One broken invariant: which check, which record, what was found."""
+
+    check: str
+    identity: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.check}: {self.identity}: {self.detail}"
+
+
+def audit_url(url: str) -> list[Violation]:
+    """Open ``url`` read-only (no migration) and audit it."""
+    database = Database(dialect_for_url(url), track_time=False)
+    try:
+        return audit_database(database)
+    finally:
+        database.close()
+
+
+def audit_database(database: Database) -> list[Violation]:
+    """Every violation found in ``database``, in check order."""
+    components = [c for c in ("store", "receiver") if database.schema_version(c) > 0]
+    if not components:
+        return [Violation("schema", "database", "no postroom schema found")]
+    violations: list[Violation] = []
+    queries = database.dialect.queries
+    with database.read() as tx:
+        for component in components:
+            prefix = f"audit_{component}_"
+            for name in queries:
+                if not name.startswith(prefix) or name.endswith("_contents"):
+                    continue
+                check = name[len(prefix):]
+                violations.extend(Violation(check, str(row["identity"]), str(row["detail"]))
+                                  for row in tx.all(name))
+        if "store" in components:
+            violations.extend(_store_contents(tx.all("audit_store_contents")))
+        if "receiver" in components:
+            for row in tx.all("audit_receiver_contents"):
+                if fingerprint(row["body"]) != row["fingerprint"]:
+                    violations.append(Violation("receipt_fingerprint", row["reply_id"],
+                                                "stored fingerprint does not match the body"))
+    return violations
+
+
+def _store_contents(rows: Sequence[Row]) -> list[Violation]:
+    found: list[Violation] = []
+    for row in rows:
+        r = dict(row)
+        task_id = r["task_id"]
+        if task_id_for(r["principal"], r["message_id"]) != task_id:
+            found.append(Violation("task_identity", task_id,
+                                   "task_id is not SHA-256 of [principal, message_id]"))
+        if fingerprint(r["envelope"]) != r["fingerprint"]:
+            found.append(Violation("inbox_fingerprint", task_id,
+                                   "stored fingerprint does not match the envelope"))
+        if r["reply_id"] is None:
+            continue
+        if fingerprint(r["body"]) != r["reply_fingerprint"]:
+            found.append(Violation("reply_fingerprint", r["reply_id"],
+                                   "stored fingerprint does not match the body"))
+        expected = _expected_body(task_id, r["status"], r["result"], r["body"])
+        if r["body"] != expected:
+            found.append(Violation("reply_content", r["reply_id"],
+                                   "body is not the canonical result of its task"))
+        if r["reply_id"] != reply_id_for(task_id):
+            found.append(Violation("reply_identity", r["reply_id"],
+                                   f"expected {reply_id_for(task_id)}"))
+    return found
+
+
+def _expected_body(task_id: str, status: str, result: str | None, body: str) -> str:
+    try:
+        state = TaskState(status)
+        stored = json.loads(body)
+    except ValueError:
+        return ""
+    # A done task's reply carries the stored result; any other carries its error document.
+    result_json = result if state is TaskState.DONE and result is not None else canonical_json(
+        stored.get("result") if isinstance(stored, dict) else None)
+    return reply_content(task_id, state, result_json).body

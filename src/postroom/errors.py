@@ -1,0 +1,143 @@
+"""The exception tree of postroom.
+
+Every error postroom raises on purpose is a ``PostroomError``::
+
+    PostroomError
+    ├── Unauthorized            (also PermissionError)  the principal may not do this
+    ├── InvalidInput            (also ValueError)       refused before any write; names the field
+    │   └── InvalidEnvelope                             ... for a field of an Envelope
+    ├── Conflict                                        same identity, different meaning
+    │   └── PayloadCollision                            same id, different content fingerprint
+    ├── Fenced                                          a stale owner or fence; nothing written
+    ├── BatchFailed                                     item-by-item batch stopped; has the prefix
+    ├── NotFound                (also LookupError)      no such task / reply
+    ├── DeliveryError                                   a transport could not deliver a reply
+    │   ├── TransientDeliveryError                      try again later (ACK lost, timeout, 5xx)
+    │   └── PermanentDeliveryError                      will never succeed as sent (4xx)
+    └── StoreError                                      the database, translated at the boundary
+        ├── StoreUnavailable                            transient: locked, busy, connection lost
+        └── SchemaError                                 missing or newer schema than this code
+
+Database driver exceptions never escape: the store translates them with ``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from postroom.models import Ack
+
+__all__ = [
+    "BatchFailed",
+    "Conflict",
+    "DeliveryError",
+    "Fenced",
+    "InvalidEnvelope",
+    "InvalidInput",
+    "NotFound",
+    "PayloadCollision",
+    "PermanentDeliveryError",
+    "PostroomError",
+    "SchemaError",
+    "StoreError",
+    "StoreUnavailable",
+    "TransientDeliveryError",
+    "Unauthorized",
+]
+
+
+class PostroomError(Exception):
+    """Base class of every error postroom raises on purpose."""
+
+
+class Unauthorized(PostroomError, PermissionError):
+    """The authenticated principal is not an allowed source, or does not match the sender."""
+
+
+class InvalidInput(PostroomError, ValueError):
+    """An argument broke a documented limit. Raised before anything is written.
+
+    ``field`` names the offending field (dotted for nested values, e.g. ``payload.a.b``).
+    """
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{field}: {problem}")
+
+
+class InvalidEnvelope(InvalidInput):
+    """A field of an ``Envelope`` broke a documented limit."""
+
+
+class Conflict(PostroomError):
+    """The same identity was used again with a different meaning."""
+
+
+class PayloadCollision(Conflict):
+    """The same identity arrived with a different content fingerprint.
+
+    The stored record is untouched; ``identity`` names it.
+    """
+
+    def __init__(self, identity: str, detail: str = "") -> None:
+        self.identity = identity
+        message = f"{identity} already exists with different content"
+        super().__init__(f"{message}: {detail}" if detail else message)
+
+
+class Fenced(PostroomError):
+    """The caller's claim is no longer the current one, so nothing was written.
+
+    Raised when the task or reply is not in the expected state, the owner or fence does not
+    match, the lease has expired, or the deadline has passed.
+    """
+
+    def __init__(self, identity: str, reason: str) -> None:
+        self.identity = identity
+        self.reason = reason
+        super().__init__(f"{identity}: {reason}")
+
+
+class BatchFailed(PostroomError):
+    """An item-by-item batch stopped at ``index``.
+
+    ``acks`` holds the ACKs of the committed prefix (items ``0 .. index-1``); they are durable.
+    The failing item's own error is the ``__cause__``.
+    """
+
+    def __init__(self, acks: Sequence[Ack], index: int, error: BaseException) -> None:
+        self.acks = list(acks)
+        self.index = index
+        self.error = error
+        super().__init__(f"batch stopped at item {index} after {index} committed: {error}")
+
+
+class NotFound(PostroomError, LookupError):
+    """No record with that identity exists."""
+
+
+class DeliveryError(PostroomError):
+    """A transport could not deliver a reply."""
+
+
+class TransientDeliveryError(DeliveryError):
+    """Delivery may succeed later: the ACK was lost, a timeout, a connection error, a 5xx."""
+
+
+class PermanentDeliveryError(DeliveryError):
+    """Delivery will never succeed for this content (e.g. a 4xx other than 408/429)."""
+
+
+class StoreError(PostroomError):
+    """The database failed in a way postroom could not hide."""
+
+
+class StoreUnavailable(StoreError):
+    """A transient database condition (locked, busy, connection lost); safe to retry."""
+
+
+class SchemaError(StoreError):
+    """The database's schema is missing, damaged, or newer than this code."""

@@ -1,0 +1,130 @@
+"""Receiving: authorize, validate, then store the message and its task in one transaction."""
+
+from __future__ import annotations
+
+from postroom import transitions
+from postroom.errors import PayloadCollision, Unauthorized
+from postroom.models import Ack, AuthContext, Envelope, Position, TaskState
+from postroom.settings import Settings
+from postroom.store.database import Operation, Tx
+from postroom.transitions import ReplyContent, TaskDecision
+from postroom.validation import CheckedEnvelope, check_envelope, check_int, check_text
+
+__all__ = ["RECEIVE", "RECEIVE_ATOMIC", "check", "check_position", "insert_reply",
+           "store_message", "watermark"]
+
+RECEIVE = Operation("receive")
+RECEIVE_ATOMIC = Operation("receive_atomic")
+
+_MAX_SEQ = 2**63 - 1
+
+
+def check(settings: Settings, auth: AuthContext, envelope: Envelope) -> CheckedEnvelope:
+    """Authorize the principal and validate the envelope; nothing is written either way."""
+    if not isinstance(auth, AuthContext):
+        raise Unauthorized("an AuthContext from a trusted adapter is required")
+    principal = auth.principal
+    allowed = settings.allowed_sources
+    if allowed is not None and principal not in allowed:
+        raise Unauthorized(f"principal {principal!r} is not an allowed source")
+    if not isinstance(envelope, Envelope):
+        raise Unauthorized("expected an Envelope")
+    checked = check_envelope(principal, envelope.to_dict(), limits=settings.limits)
+    if checked.sender != principal:
+        raise Unauthorized(f"sender {checked.sender!r} does not match the authenticated "
+                           f"principal {principal!r}")
+    return checked
+
+
+def check_position(settings: Settings, position: Position | None) -> Position | None:
+    """Validate an upstream stream position."""
+    if position is None:
+        return None
+    check_text(position.stream, "position.stream", max_bytes=settings.limits.text_bytes)
+    check_int(position.seq, "position.seq", low=1, high=_MAX_SEQ)
+    return position
+
+
+def store_message(tx: Tx, settings: Settings, checked: CheckedEnvelope,
+                  position: Position | None = None) -> Ack:
+    """Insert the inbox row and the task (and a reply if it is born terminal).
+
+    A repeat of a stored identity with the same fingerprint is a duplicate and writes
+    nothing; with a different fingerprint it is a ``PayloadCollision``.
+    """
+    inserted = tx.one("inbox_insert", task_id=checked.task_id, principal=checked.principal,
+                      message_id=checked.message_id, fingerprint=checked.fingerprint,
+                      envelope=checked.envelope, now=tx.now)
+    if inserted is None:
+        stored = tx.one("inbox_fingerprint", task_id=checked.task_id)
+        if stored is None or stored["fingerprint"] != checked.fingerprint:
+            raise PayloadCollision(
+                f"message {checked.message_id!r} from {checked.principal!r}",
+                f"task {checked.task_id} was stored with fingerprint "
+                f"{stored['fingerprint'] if stored else '?'}, this one is {checked.fingerprint}")
+        duplicate = True
+    else:
+        decision = transitions.initial_state(
+            checked.task_id, deadline=checked.deadline, hops=checked.hops,
+            max_hops=settings.max_hops, now=tx.now)
+        _insert_task(tx, settings, checked, decision)
+        duplicate = False
+    if position is not None:
+        _record_position(tx, checked, position)
+    return Ack(task_id=checked.task_id, duplicate=duplicate)
+
+
+def _insert_task(tx: Tx, settings: Settings, checked: CheckedEnvelope,
+                 decision: TaskDecision) -> None:
+    tx.run("task_insert", task_id=checked.task_id, principal=checked.principal,
+           message_id=checked.message_id, queue=checked.queue, state=decision.to_state.value,
+           payload=checked.payload, deadline=checked.deadline,
+           max_attempts=checked.max_attempts, hops=checked.hops,
+           parent_task_id=checked.parent_task_id, correlation_id=checked.correlation_id,
+           result=decision.result, last_error=decision.last_error, now=tx.now)
+    if decision.reply is not None:
+        insert_reply(tx, settings, checked.task_id, decision.reply)
+    elif decision.to_state is TaskState.PENDING:
+        tx.notify(checked.queue)
+
+
+def insert_reply(tx: Tx, settings: Settings, task_id: str, reply: ReplyContent) -> None:
+    """Write the reply of a task that just became terminal."""
+    tx.run("reply_insert", reply_id=reply.reply_id, task_id=task_id, status=reply.status.value,
+           body=reply.body, fingerprint=reply.fingerprint, budget=settings.delivery_budget,
+           now=tx.now)
+    tx.notify("postroom_replies")
+
+
+def _record_position(tx: Tx, checked: CheckedEnvelope, position: Position) -> None:
+    key = {"principal": checked.principal, "stream": position.stream}
+    if tx.one("stream_position_insert", seq=position.seq, task_id=checked.task_id,
+              **key) is None:
+        holder = tx.one("stream_position_task", seq=position.seq, **key)
+        if holder is not None and holder["task_id"] != checked.task_id:
+            raise PayloadCollision(
+                f"stream {position.stream!r} position {position.seq}",
+                f"already holds task {holder['task_id']}, not {checked.task_id}")
+        return
+    tx.run("stream_create", **key)
+    current = tx.one("stream_watermark", **key)
+    stored = int(current["watermark"]) if current is not None else 0
+    if position.seq == stored + 1:
+        tx.run("stream_advance", watermark=_contiguous(tx, key, stored), **key)
+
+
+def _contiguous(tx: Tx, key: dict[str, str], stored: int) -> int:
+    row = tx.one("stream_next_missing", watermark=stored, **key)
+    return int(row["missing"]) - 1 if row is not None else stored
+
+
+def watermark(tx: Tx, principal: str, stream: str) -> int:
+    """The highest ``seq`` such that every position up to it is stored (0 if none).
+
+    Read from the persisted watermark plus any run of positions stored above it, so a
+    position committed concurrently with the one that would have advanced it is counted.
+    """
+    key = {"principal": principal, "stream": stream}
+    current = tx.one("stream_watermark", **key)
+    stored = int(current["watermark"]) if current is not None else 0
+    return _contiguous(tx, key, stored)

@@ -1,0 +1,367 @@
+"""The records postroom takes and returns: frozen, typed, keyword-only."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+__all__ = [
+    "Ack",
+    "AuthContext",
+    "Claim",
+    "DispatchReport",
+    "Envelope",
+    "FollowUp",
+    "Outcome",
+    "OutcomeKind",
+    "Outgoing",
+    "Position",
+    "ReceiverAck",
+    "Reconciled",
+    "Reply",
+    "ReplyClaim",
+    "ReplyState",
+    "Requeue",
+    "Task",
+    "TaskState",
+]
+
+
+class TaskState(StrEnum):
+    """Where a task is in its lifecycle. Terminal states are final."""
+
+    PENDING = "pending"  # stored, waiting to be claimed (now or after a retry backoff)
+    RUNNING = "running"  # claimed: has an owner, a lease and a fence
+    DONE = "done"  # finished by its current owner; the result is in the reply
+    FAILED = "failed"  # attempts exhausted or a non-retryable failure
+    CANCELLED = "cancelled"  # cancelled while pending or running
+    EXPIRED = "expired"  # the absolute deadline passed before it finished
+    HOP_LIMIT = "hop_limit"  # arrived with hops >= the store's max_hops
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the state is final."""
+        return self not in (TaskState.PENDING, TaskState.RUNNING)
+
+
+class ReplyState(StrEnum):
+    """Where a reply is in its delivery."""
+
+    PENDING = "pending"  # waiting to be (re)sent, possibly after a backoff
+    SENDING = "sending"  # claimed by a publisher: has an owner, a lease and a fence
+    SENT = "sent"  # the receiver acknowledged it (possibly as a duplicate)
+    DEAD = "dead"  # budget spent or permanently refused; needs an operator decision
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AuthContext:
+    """An authenticated principal, handed in by a trusted adapter.
+
+    Building one is not authentication: an HTTP server builds it only after checking a bearer
+    token; an in-process caller builds it for itself. Never deserialize one from a request.
+    """
+
+    principal: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Envelope:
+    """A message asking for work. Validated by the store before anything is written."""
+
+    message_id: str
+    sender: str
+    payload: Mapping[str, Any]
+    deadline: float
+    max_attempts: int = 3
+    hops: int = 0
+    kind: str = "task"
+    queue: str = "default"
+    correlation_id: str | None = None
+    parent_task_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The envelope's fields as a plain dict."""
+        return {
+            "message_id": self.message_id,
+            "sender": self.sender,
+            "payload": self.payload,
+            "deadline": self.deadline,
+            "max_attempts": self.max_attempts,
+            "hops": self.hops,
+            "kind": self.kind,
+            "queue": self.queue,
+            "correlation_id": self.correlation_id,
+            "parent_task_id": self.parent_task_id,
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Position:
+    """Where a message sits in a numbered upstream stream (``seq`` counts from 1)."""
+
+    stream: str
+    seq: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Ack:
+    """The receipt for a stored message. It means "durably stored", never "done"."""
+
+    task_id: str
+    duplicate: bool
+    ack: str = "stored"
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"ack": "stored", "task_id": ..., "duplicate": ...}``."""
+        return {"ack": self.ack, "task_id": self.task_id, "duplicate": self.duplicate}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FollowUp:
+    """A task a worker asks for, created atomically with its parent's ``finish``.
+
+    Its identity is derived from the parent and ``message_id``; hops and parent are computed
+    by postroom. ``queue`` and ``deadline`` default to the parent's.
+    """
+
+    message_id: str
+    payload: Mapping[str, Any]
+    queue: str | None = None
+    deadline: float | None = None
+    max_attempts: int = 3
+    correlation_id: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Claim:
+    """A worker's current hold on a task. Pass it back to renew, finish or fail."""
+
+    task_id: str
+    owner: str
+    fence: int
+    attempt: int
+    max_attempts: int
+    payload: dict[str, Any]
+    queue: str
+    hops: int
+    deadline: float
+    lease_until: float
+    principal: str
+    message_id: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Task:
+    """A task as stored."""
+
+    task_id: str
+    principal: str
+    message_id: str
+    queue: str
+    state: TaskState
+    payload: dict[str, Any]
+    deadline: float
+    max_attempts: int
+    hops: int
+    parent_task_id: str | None
+    correlation_id: str | None
+    attempts: int
+    fence: int
+    owner: str | None
+    lease_until: float | None
+    available_at: float
+    result: Any
+    last_error: str | None
+    created_at: float
+    updated_at: float
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Task:
+        """Build from a ``tasks`` row."""
+        return cls(
+            task_id=row["task_id"],
+            principal=row["principal"],
+            message_id=row["message_id"],
+            queue=row["queue"],
+            state=TaskState(row["state"]),
+            payload=json.loads(row["payload"]),
+            deadline=float(row["deadline"]),
+            max_attempts=int(row["max_attempts"]),
+            hops=int(row["hops"]),
+            parent_task_id=row["parent_task_id"],
+            correlation_id=row["correlation_id"],
+            attempts=int(row["attempts"]),
+            fence=int(row["fence"]),
+            owner=row["owner"],
+            lease_until=None if row["lease_until"] is None else float(row["lease_until"]),
+            available_at=float(row["available_at"]),
+            result=None if row["result"] is None else json.loads(row["result"]),
+            last_error=row["last_error"],
+            created_at=float(row["created_at"]),
+            updated_at=float(row["updated_at"]),
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Reply:
+    """A terminal task's reply in the outbox, as stored."""
+
+    reply_id: str
+    task_id: str
+    status: TaskState
+    body: str  # canonical JSON; never changes
+    fingerprint: str
+    state: ReplyState
+    attempts: int
+    budget: int
+    fence: int
+    owner: str | None
+    lease_until: float | None
+    available_at: float
+    last_error: str | None
+    created_at: float
+    sent_at: float | None
+
+    @property
+    def document(self) -> dict[str, Any]:
+        """The body parsed: ``{"kind": "result", "task_id", "status", "result"}``."""
+        parsed: dict[str, Any] = json.loads(self.body)
+        return parsed
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Reply:
+        """Build from a ``replies`` row."""
+        return cls(
+            reply_id=row["reply_id"],
+            task_id=row["task_id"],
+            status=TaskState(row["status"]),
+            body=row["body"],
+            fingerprint=row["fingerprint"],
+            state=ReplyState(row["state"]),
+            attempts=int(row["attempts"]),
+            budget=int(row["budget"]),
+            fence=int(row["fence"]),
+            owner=row["owner"],
+            lease_until=None if row["lease_until"] is None else float(row["lease_until"]),
+            available_at=float(row["available_at"]),
+            last_error=row["last_error"],
+            created_at=float(row["created_at"]),
+            sent_at=None if row["sent_at"] is None else float(row["sent_at"]),
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Requeue:
+    """A recorded operator decision to send a dead reply again."""
+
+    reply_id: str
+    operator: str
+    reason: str
+    requeued_at: float
+    previous_attempts: int
+    previous_error: str | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Outgoing:
+    """A reply handed to a transport: its stable id and its fixed canonical body."""
+
+    reply_id: str
+    body: str
+    fingerprint: str
+
+
+class OutcomeKind(StrEnum):
+    """What a transport learned about one delivery."""
+
+    DELIVERED = "delivered"  # the receiver acknowledged (new or duplicate)
+    TRANSIENT = "transient"  # ACK lost, timeout, connection error, 5xx: try again later
+    PERMANENT = "permanent"  # refused for good (4xx other than 408/409/429)
+    COLLISION = "collision"  # the receiver holds this reply_id with different content
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Outcome:
+    """The result of delivering one ``Outgoing``."""
+
+    kind: OutcomeKind
+    detail: str = ""
+    duplicate: bool = False
+
+    @classmethod
+    def delivered(cls, *, duplicate: bool = False) -> Outcome:
+        """The receiver has it."""
+        return cls(kind=OutcomeKind.DELIVERED, duplicate=duplicate)
+
+    @classmethod
+    def transient(cls, detail: str) -> Outcome:
+        """Try again later."""
+        return cls(kind=OutcomeKind.TRANSIENT, detail=detail)
+
+    @classmethod
+    def permanent(cls, detail: str) -> Outcome:
+        """Never going to work as sent."""
+        return cls(kind=OutcomeKind.PERMANENT, detail=detail)
+
+    @classmethod
+    def collision(cls, detail: str) -> Outcome:
+        """The receiver has different content under this reply_id."""
+        return cls(kind=OutcomeKind.COLLISION, detail=detail)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReplyClaim:
+    """A publisher's current hold on a reply."""
+
+    reply_id: str
+    task_id: str
+    owner: str
+    fence: int
+    attempt: int
+    budget: int
+    lease_until: float
+    body: str
+    fingerprint: str
+
+    def outgoing(self) -> Outgoing:
+        """What the transport sends."""
+        return Outgoing(reply_id=self.reply_id, body=self.body, fingerprint=self.fingerprint)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReceiverAck:
+    """The receiver's answer: it holds the reply (``duplicate`` if it already did)."""
+
+    reply_id: str
+    duplicate: bool
+    ack: str = "received"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Reconciled:
+    """What one bounded sweep changed."""
+
+    leases_recovered: int = 0  # running -> pending
+    attempts_exhausted: int = 0  # running -> failed (lease expired on the last attempt)
+    deadlines_expired: int = 0  # pending/running -> expired
+    deliveries_recovered: int = 0  # sending -> pending
+    deliveries_dead: int = 0  # sending -> dead (outcome unknown, budget spent)
+
+    @property
+    def total(self) -> int:
+        """How many records changed."""
+        return sum(asdict(self).values())
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DispatchReport:
+    """What one dispatch step did."""
+
+    claimed: int = 0
+    sent: int = 0
+    retrying: int = 0
+    dead: int = 0
+    fenced: list[str] = field(default_factory=list)

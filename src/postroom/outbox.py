@@ -1,0 +1,119 @@
+"""The outbox: claiming replies for delivery, recording outcomes, recovering publishers.
+
+Delivery has two commits of its own around the receiver's, each with fault points:
+
+- ``dispatch.claim``  -- the reply becomes ``sending`` under a lease and a new fence;
+- ``delivery.before_remote_commit`` / ``delivery.after_remote_commit`` -- around the
+  receiver's commit, the latter being where an ACK is lost in transit;
+- ``dispatch.record`` -- the outcome (``sent``, retry, ``dead``) is recorded, fenced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from postroom import faults, transitions
+from postroom.errors import Fenced, NotFound
+from postroom.models import Outcome, ReplyClaim, ReplyState
+from postroom.settings import Settings
+from postroom.store.database import Operation, Tx
+from postroom.transitions import ReplyDecision
+
+__all__ = [
+    "AFTER_REMOTE_COMMIT",
+    "BEFORE_REMOTE_COMMIT",
+    "DISPATCH_CLAIM",
+    "DISPATCH_RECORD",
+    "REQUEUE",
+    "claim_replies",
+    "record",
+    "requeue",
+    "sweep_replies",
+]
+
+DISPATCH_CLAIM = Operation("dispatch.claim")
+DISPATCH_RECORD = Operation("dispatch.record")
+REQUEUE = Operation("requeue")
+
+BEFORE_REMOTE_COMMIT = faults.point(
+    "delivery.before_remote_commit", "a reply is about to be handed to the receiver").name
+AFTER_REMOTE_COMMIT = faults.point(
+    "delivery.after_remote_commit",
+    "the receiver committed the reply; its ACK has not reached the dispatcher").name
+
+
+def _apply(tx: Tx, reply_id: str, decision: ReplyDecision, *, fence: int,
+           from_state: ReplyState | None = None, owner: str | None = None) -> bool:
+    params = {"reply_id": reply_id, "fence": fence, "to_state": decision.to_state.value,
+              "available_at": decision.available_at, "last_error": decision.last_error,
+              "sent_at": decision.sent_at, "now": tx.now}
+    if owner is not None:
+        return tx.run("reply_apply_owned", claim_owner=owner, **params) > 0
+    assert from_state is not None
+    return tx.run("reply_apply", from_state=from_state.value, **params) > 0
+
+
+def sweep_replies(tx: Tx, settings: Settings) -> tuple[int, int]:
+    """Recover replies whose publisher's lease expired; returns (pending again, dead)."""
+    recovered = dead = 0
+    for row in tx.all("replies_lease_expired", now=tx.now, limit=settings.sweep_limit):
+        decision = transitions.reply_lease_expired(attempt=int(row["attempts"]),
+                                                   budget=int(row["budget"]), now=tx.now)
+        if _apply(tx, row["reply_id"], decision, fence=int(row["fence"]),
+                  from_state=ReplyState.SENDING):
+            if decision.to_state is ReplyState.DEAD:
+                dead += 1
+            else:
+                recovered += 1
+    return recovered, dead
+
+
+def claim_replies(tx: Tx, settings: Settings, *, owner: str, limit: int,
+                  lease: float) -> list[ReplyClaim]:
+    """Sweep, then claim up to ``limit`` replies due for delivery."""
+    sweep_replies(tx, settings)
+    rows = tx.all("claim_replies", now=tx.now, limit=limit, owner=owner,
+                  lease_until=tx.now + lease)
+    return [ReplyClaim(reply_id=row["reply_id"], task_id=row["task_id"], owner=owner,
+                       fence=int(row["fence"]), attempt=int(row["attempts"]),
+                       budget=int(row["budget"]), lease_until=float(row["lease_until"]),
+                       body=row["body"], fingerprint=row["fingerprint"]) for row in rows]
+
+
+def record(tx: Tx, claim: ReplyClaim, outcome: Outcome, *, delay: float) -> ReplyState:
+    """Record one delivery outcome; ``Fenced`` if another publisher took the reply over."""
+    decision = transitions.delivery(outcome.kind, detail=outcome.detail, attempt=claim.attempt,
+                                    budget=claim.budget, now=tx.now, delay=delay)
+    if not _apply(tx, claim.reply_id, decision, fence=claim.fence, owner=claim.owner):
+        row = tx.one("reply_get_by_id", reply_id=claim.reply_id)
+        state = row["state"] if row is not None else "missing"
+        holder = (f"{row['owner']!r} with fence {row['fence']}" if row is not None
+                  else "nobody")
+        raise Fenced(f"reply {claim.reply_id}",
+                     f"the reply is {state}, held by {holder}; this claim is "
+                     f"{claim.owner!r} with fence {claim.fence}")
+    return decision.to_state
+
+
+def requeue(tx: Tx, reply_id: str, *, operator: str, reason: str) -> None:
+    """Send a dead reply again, recording the operator's decision; id and content unchanged."""
+    row = tx.one("reply_get_by_id", reply_id=reply_id)
+    if row is None:
+        raise NotFound(f"no reply {reply_id}")
+    if row["state"] != ReplyState.DEAD:
+        raise Fenced(f"reply {reply_id}", f"only a dead reply can be requeued; it is "
+                                          f"{row['state']}")
+    tx.run("requeue_insert", reply_id=reply_id, operator=operator, reason=reason, now=tx.now,
+           previous_attempts=int(row["attempts"]), previous_error=row["last_error"])
+    if not tx.run("reply_requeue", reply_id=reply_id, now=tx.now):
+        raise Fenced(f"reply {reply_id}", "changed while being requeued")
+    tx.notify("postroom_replies")
+
+
+def outcomes_for(claims: Sequence[ReplyClaim], outcomes: Sequence[Outcome]) -> list[Outcome]:
+    """Pair a transport's answer with what was sent; a short answer is a transient failure."""
+    if len(outcomes) == len(claims):
+        return list(outcomes)
+    lost = Outcome.transient(f"transport answered {len(outcomes)} outcomes for "
+                             f"{len(claims)} replies")
+    return [lost] * len(claims)

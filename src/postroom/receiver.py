@@ -1,0 +1,131 @@
+"""The receiving side of replies, on its own database.
+
+A receiver dedupes by ``reply_id`` plus the content fingerprint it computes itself. The
+receipt and the business effect commit in one transaction, so a redelivered reply (its ACK
+was lost) is acknowledged again without a second effect, and a reply id arriving with
+different content is refused as a collision.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from postroom.clock import Clock
+from postroom.errors import InvalidInput, PayloadCollision
+from postroom.models import Outcome, Outgoing, ReceiverAck
+from postroom.store import Database, Operation, Tx, dialect_for_url
+from postroom.transitions import reply_id_for
+from postroom.validation import canonical_json, fingerprint
+
+__all__ = ["ACCEPT", "Effect", "Receiver"]
+
+ACCEPT = Operation("receiver.accept")
+
+#: A business effect: called inside the receipt's transaction with the transaction (for
+#: ``tx.execute``) and the parsed reply body. Raising rolls back the receipt too.
+Effect = Callable[[Tx, dict[str, Any]], None]
+
+
+class Receiver:
+    """Accepts replies exactly once in effect. Open with ``Receiver.open(url)``."""
+
+    def __init__(self, database: Database, *, effect: Effect | None = None) -> None:
+        self._db = database
+        self._effect = effect
+
+    @classmethod
+    def open(cls, url: str, *, effect: Effect | None = None,
+             clock: Clock | None = None) -> Receiver:
+        """Open (creating if needed) a receiver database at ``url``."""
+        database = Database(dialect_for_url(url), clock=clock, track_time=False)
+        database.migrate("receiver")
+        return cls(database, effect=effect)
+
+    def accept(self, reply_id: str, body: str) -> ReceiverAck:
+        """Take one reply; raises ``PayloadCollision`` for the same id with other content."""
+        outcome = self.accept_batch([Outgoing(reply_id=reply_id, body=body,
+                                              fingerprint=fingerprint(body))])[0]
+        if outcome.kind == "collision":
+            raise PayloadCollision(f"reply {reply_id}", outcome.detail)
+        if outcome.kind != "delivered":
+            raise InvalidInput("body", outcome.detail)
+        return ReceiverAck(reply_id=reply_id, duplicate=outcome.duplicate)
+
+    def accept_batch(self, replies: Sequence[Outgoing]) -> list[Outcome]:
+        """Take several replies in one transaction; one outcome per reply, in order."""
+        outcomes: list[Outcome] = []
+        with self._db.transaction(ACCEPT) as tx:
+            for reply in replies:
+                outcomes.append(self._accept_one(tx, reply))
+        return outcomes
+
+    def _accept_one(self, tx: Tx, reply: Outgoing) -> Outcome:
+        document = _parse(reply)
+        if isinstance(document, Outcome):
+            return document
+        content = fingerprint(reply.body)  # computed here: the sender's word is not evidence
+        if tx.one("receipt_insert", reply_id=reply.reply_id, fingerprint=content,
+                  body=reply.body, now=tx.now) is None:
+            stored = tx.one("receipt_get", reply_id=reply.reply_id)
+            if stored is not None and stored["fingerprint"] == content:
+                return Outcome.delivered(duplicate=True)
+            return Outcome.collision(f"stored fingerprint "
+                                     f"{stored['fingerprint'] if stored else '?'}, "
+                                     f"received {content}")
+        result = document.get("result")
+        tx.run("effect_insert", reply_id=reply.reply_id, task_id=document["task_id"],
+               status=document["status"], now=tx.now,
+               result=None if result is None else canonical_json(result))
+        if self._effect is not None:
+            self._effect(tx, document)
+        return Outcome.delivered()
+
+    def receipt(self, reply_id: str) -> dict[str, Any] | None:
+        """The stored receipt of ``reply_id``, or ``None``."""
+        with self._db.read() as tx:
+            row = tx.one("receipt_get", reply_id=reply_id)
+        return dict(row) if row is not None else None
+
+    def effect_count(self, reply_id: str) -> int:
+        """How many business effects ``reply_id`` has had (never more than one)."""
+        with self._db.read() as tx:
+            row = tx.one("effect_count", reply_id=reply_id)
+        return int(row["n"]) if row is not None else 0
+
+    def effects_total(self) -> int:
+        """How many business effects there are in all."""
+        with self._db.read() as tx:
+            row = tx.one("effects_total")
+        return int(row["n"]) if row is not None else 0
+
+    @property
+    def database(self) -> Database:
+        """The receiver's database (for audits and tests)."""
+        return self._db
+
+    def close(self) -> None:
+        """Close the database."""
+        self._db.close()
+
+    def __enter__(self) -> Receiver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _parse(reply: Outgoing) -> dict[str, Any] | Outcome:
+    try:
+        document = json.loads(reply.body)
+    except ValueError:
+        return Outcome.permanent("body is not JSON")
+    if not isinstance(document, dict) or document.get("kind") != "result":
+        return Outcome.permanent("body is not a result document")
+    task_id = document.get("task_id")
+    if not isinstance(task_id, str) or reply_id_for(task_id) != reply.reply_id:
+        return Outcome.permanent("reply_id does not match the body's task_id")
+    if not isinstance(document.get("status"), str):
+        return Outcome.permanent("body has no status")
+    return document

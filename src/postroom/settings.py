@@ -1,0 +1,116 @@
+"""Store settings and retry backoff policies, validated when they are built."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from postroom.errors import InvalidInput
+from postroom.validation import DEFAULT_LIMITS, Limits, check_text
+
+__all__ = ["Backoff", "ExponentialBackoff", "FixedBackoff", "Settings"]
+
+_DAY = 86_400.0
+
+
+class Backoff(Protocol):
+    """How long to wait before the next try, after ``attempt`` tries (1-based) failed."""
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        """Seconds to wait."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ExponentialBackoff:
+    """``min(cap, base * 2**(attempt-1))``, scaled by a random factor in ``[1-jitter, 1]``.
+
+    The jitter spreads retries of many tasks that failed together (e.g. a dependency outage)
+    so they do not come back in lockstep.
+    """
+
+    base: float = 1.0
+    cap: float = 300.0
+    jitter: float = 0.5
+
+    def __post_init__(self) -> None:
+        _positive("backoff.base", self.base)
+        _positive("backoff.cap", self.cap)
+        if not 0.0 <= self.jitter <= 1.0:
+            raise InvalidInput("backoff.jitter", f"must be in 0..1, got {self.jitter!r}")
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        """Seconds to wait after ``attempt`` failed tries."""
+        exponent = min(max(attempt, 1) - 1, 64)
+        ceiling = min(self.cap, self.base * 2.0**exponent)
+        return ceiling * (1.0 - self.jitter * rng.random())
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FixedBackoff:
+    """The same delay every time (for tests and predictable demos)."""
+
+    seconds: float = 1.0
+
+    def __post_init__(self) -> None:
+        if type(self.seconds) not in (int, float) or not (
+                math.isfinite(self.seconds) and self.seconds >= 0):
+            raise InvalidInput("backoff.seconds", f"must be a finite number >= 0, got "
+                                                  f"{self.seconds!r}")
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        """Always ``seconds``."""
+        return float(self.seconds)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Settings:
+    """How a store behaves. Every value is checked here, before the store opens."""
+
+    #: Seconds a claim holds a task before the lease must be renewed.
+    lease: float = 30.0
+    #: Messages arriving with ``hops >= max_hops`` are stored as ``hop_limit``.
+    max_hops: int = 4
+    #: Delivery attempts per reply before it is ``dead`` (business attempts count apart).
+    delivery_budget: int = 3
+    #: Seconds a publisher holds a reply it is delivering.
+    dispatch_lease: float = 30.0
+    #: Inbox identities are kept at least this many seconds (see ``postroom info``).
+    retention: float = 7 * _DAY
+    #: Task retry backoff after a retryable failure.
+    backoff: Backoff = field(default_factory=ExponentialBackoff)
+    #: Reply redelivery backoff after a transient delivery failure.
+    delivery_backoff: Backoff = field(default_factory=ExponentialBackoff)
+    #: At most this many expired leases / passed deadlines are handled per sweep.
+    sweep_limit: int = 100
+    #: Principals allowed to send messages; ``None`` admits every authenticated principal.
+    allowed_sources: frozenset[str] | None = None
+    #: Input limits (may only be lowered).
+    limits: Limits = DEFAULT_LIMITS
+
+    def __post_init__(self) -> None:
+        _bounded("lease", self.lease, 0.001, _DAY)
+        _bounded("dispatch_lease", self.dispatch_lease, 0.001, _DAY)
+        _bounded("retention", self.retention, 0.0, 3650 * _DAY)
+        for name, value, low, high in (("max_hops", self.max_hops, 1, 1024),
+                                       ("delivery_budget", self.delivery_budget, 1, 100),
+                                       ("sweep_limit", self.sweep_limit, 1, 100_000)):
+            if type(value) is not int or not low <= value <= high:
+                raise InvalidInput(name, f"must be an int in {low}..{high}, got {value!r}")
+        if self.allowed_sources is not None:
+            if not isinstance(self.allowed_sources, frozenset):
+                raise InvalidInput("allowed_sources", "must be a frozenset of principals")
+            for source in self.allowed_sources:
+                check_text(source, "allowed_sources", max_bytes=self.limits.text_bytes)
+
+
+def _positive(name: str, value: float) -> None:
+    if type(value) not in (int, float) or not (math.isfinite(value) and value > 0):
+        raise InvalidInput(name, f"must be a finite number > 0, got {value!r}")
+
+
+def _bounded(name: str, value: float, low: float, high: float) -> None:
+    if type(value) not in (int, float) or not (math.isfinite(value) and low <= value <= high):
+        raise InvalidInput(name, f"must be a number in {low}..{high} seconds, got {value!r}")

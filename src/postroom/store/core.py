@@ -1,0 +1,460 @@
+"""``Store``: the public face of one postroom database.
+
+Each method validates its arguments, opens one named transaction, and hands the work to the
+module that owns the rule (``inbox``, ``tasks``, ``outbox``). Methods are synchronous and
+short: nothing slow (a handler, a network call) ever runs inside a transaction.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from postroom import inbox, outbox, tasks
+from postroom.clock import Clock
+from postroom.errors import (
+    BatchFailed,
+    Fenced,
+    InvalidInput,
+    NotFound,
+    PayloadCollision,
+    PermanentDeliveryError,
+    PostroomError,
+)
+from postroom.models import (
+    Ack,
+    AuthContext,
+    Claim,
+    DispatchReport,
+    Envelope,
+    FollowUp,
+    Outcome,
+    OutcomeKind,
+    Position,
+    Reconciled,
+    Reply,
+    ReplyClaim,
+    ReplyState,
+    Requeue,
+    Task,
+    TaskState,
+)
+from postroom.settings import Settings
+from postroom.store.database import Database, Operation
+from postroom.transitions import reply_id_for
+from postroom.transports import Transport
+from postroom.validation import (
+    CheckedEnvelope,
+    check_envelope,
+    check_json,
+    check_text,
+    follow_up_principal,
+)
+
+__all__ = ["Store", "open_store"]
+
+PRUNE = Operation("prune")
+
+_MAX_LEASE = 86_400.0
+_MAX_BATCH = 10_000
+
+
+class Store:
+    """Tasks, replies and their durable evidence in one database.
+
+    Open with ``open_store(url)``; safe to share between threads (SQLite serializes them on
+    one connection, PostgreSQL uses a pool).
+    """
+
+    def __init__(self, database: Database, *, settings: Settings | None = None,
+                 seed: int | None = None) -> None:
+        self._db = database
+        self._settings = settings if settings is not None else Settings()
+        self._rng = random.Random(seed)
+
+    @classmethod
+    def open(cls, url: str, *, clock: Clock | None = None, settings: Settings | None = None,
+             seed: int | None = None) -> Store:
+        """Open the store at ``url``, creating or upgrading its schema."""
+        from postroom.store import dialect_for_url
+
+        database = Database(dialect_for_url(url), clock=clock)
+        try:
+            database.migrate("store")
+        except BaseException:
+            database.close()
+            raise
+        return cls(database, settings=settings, seed=seed)
+
+    # -- receiving ----------------------------------------------------------------------------
+
+    def receive(self, auth: AuthContext, envelope: Envelope, *,
+                position: Position | None = None) -> Ack:
+        """Store one message and its task; the ACK is returned only after the commit."""
+        checked = inbox.check(self._settings, auth, envelope)
+        position = inbox.check_position(self._settings, position)
+        with self._db.transaction(inbox.RECEIVE) as tx:
+            return inbox.store_message(tx, self._settings, checked, position)
+
+    def receive_batch(self, auth: AuthContext, envelopes: Sequence[Envelope], *,
+                      positions: Sequence[Position | None] | None = None) -> list[Ack]:
+        """Store messages one commit at a time.
+
+        On the first failure raises ``BatchFailed`` carrying the ACKs of the committed prefix
+        and the failing index; replaying that prefix yields duplicates, not new tasks.
+        """
+        places = _positions(envelopes, positions)
+        acks: list[Ack] = []
+        for index, (envelope, position) in enumerate(zip(envelopes, places, strict=True)):
+            try:
+                acks.append(self.receive(auth, envelope, position=position))
+            except PostroomError as exc:
+                raise BatchFailed(acks, index, exc) from exc
+        return acks
+
+    def receive_atomic(self, auth: AuthContext, envelopes: Sequence[Envelope], *,
+                       positions: Sequence[Position | None] | None = None) -> list[Ack]:
+        """Store all messages in one transaction (one fsync), or none of them.
+
+        Every item is validated before anything is written; a collision rolls back the whole
+        batch and raises ``PayloadCollision``.
+        """
+        if len(envelopes) > _MAX_BATCH:
+            raise InvalidInput("envelopes", f"at most {_MAX_BATCH} per atomic batch")
+        places = _positions(envelopes, positions)
+        checked = [(_indexed(index, inbox.check, self._settings, auth, envelope),
+                    _indexed(index, inbox.check_position, self._settings, position))
+                   for index, (envelope, position) in enumerate(zip(envelopes, places,
+                                                                    strict=True))]
+        with self._db.transaction(inbox.RECEIVE_ATOMIC) as tx:
+            return [inbox.store_message(tx, self._settings, item, position)
+                    for item, position in checked]
+
+    def watermark(self, auth: AuthContext, stream: str) -> int:
+        """The highest ``seq`` of ``stream`` such that every lower one is stored (0: none)."""
+        check_text(stream, "stream", max_bytes=self._settings.limits.text_bytes)
+        with self._db.read() as tx:
+            return inbox.watermark(tx, auth.principal, stream)
+
+    # -- tasks ----------------------------------------------------------------------------------
+
+    def claim(self, owner: str, *, queues: Sequence[str] | str = ("default",),
+              lease: float | None = None) -> Claim | None:
+        """Claim the next claimable task of ``queues`` (oldest available first), or ``None``."""
+        claims = self.claim_batch(owner, 1, queues=queues, lease=lease)
+        return claims[0] if claims else None
+
+    def claim_batch(self, owner: str, limit: int, *, queues: Sequence[str] | str = ("default",),
+                    lease: float | None = None) -> list[Claim]:
+        """Claim up to ``limit`` tasks in one transaction."""
+        limits = self._settings.limits
+        check_text(owner, "owner", max_bytes=limits.text_bytes)
+        _check_limit(limit)
+        names = (queues,) if isinstance(queues, str) else tuple(queues)
+        if not names:
+            raise InvalidInput("queues", "name at least one queue")
+        for name in names:
+            check_text(name, "queues", max_bytes=limits.text_bytes)
+        seconds = self._lease(lease, self._settings.lease)
+        with self._db.transaction(tasks.CLAIM) as tx:
+            return tasks.claim(tx, self._settings, owner=owner, queues=names, limit=limit,
+                               lease=seconds)
+
+    def renew(self, claim: Claim, *, lease: float | None = None) -> Claim:
+        """Extend ``claim``'s lease; returns the claim with its new ``lease_until``."""
+        seconds = self._lease(lease, self._settings.lease)
+        with self._db.transaction(tasks.RENEW) as tx:
+            return tasks.renew(tx, claim, lease=seconds)
+
+    def finish(self, claim: Claim, result: Any = None, *,
+               follow_ups: Sequence[FollowUp] = ()) -> None:
+        """Mark the task done with ``result``; its reply and follow-ups commit with it.
+
+        Raises ``Fenced`` (and writes nothing) if the claim is no longer current.
+        """
+        result_json = check_json(result, "result", limits=self._settings.limits,
+                                 require_object=False)
+        children = self._follow_ups(claim, follow_ups)
+        with self._db.transaction(tasks.FINISH) as tx:
+            tasks.finish(tx, self._settings, claim, result_json=result_json,
+                         follow_ups=children)
+
+    def finish_batch(self, items: Sequence[tuple[Claim, Any]]) -> None:
+        """Finish several claims in one transaction; if any is fenced, none is finished."""
+        prepared = [(claim, _indexed(index, check_json, result, "result",
+                                     limits=self._settings.limits, require_object=False))
+                    for index, (claim, result) in enumerate(items)]
+        with self._db.transaction(tasks.FINISH) as tx:
+            for claim, result_json in prepared:
+                tasks.finish(tx, self._settings, claim, result_json=result_json, follow_ups=())
+
+    def fail(self, claim: Claim, reason: str, *, retryable: bool = True) -> TaskState:
+        """Report a failure; returns ``pending`` (retry after backoff) or ``failed``."""
+        check_text(reason, "reason", max_bytes=4096)
+        delay = self._settings.backoff.delay(claim.attempt, self._rng)
+        with self._db.transaction(tasks.FAIL) as tx:
+            return tasks.fail(tx, self._settings, claim, reason=reason,
+                              retryable=bool(retryable), delay=delay)
+
+    def cancel(self, task_id: str, *, reason: str = "cancelled") -> bool:
+        """Cancel a pending or running task; ``False`` if it is already terminal."""
+        check_text(task_id, "task_id", max_bytes=128)
+        check_text(reason, "reason", max_bytes=4096)
+        with self._db.transaction(tasks.CANCEL) as tx:
+            return tasks.cancel(tx, self._settings, task_id, reason=reason)
+
+    def reconcile(self) -> Reconciled:
+        """Recover expired leases (tasks and deliveries) and expire passed deadlines.
+
+        Runs bounded sweeps (``sweep_limit`` records per transaction) until none is left.
+        """
+        totals = tasks.SweepCounts()
+        delivered = [0, 0]
+        while True:
+            counts = tasks.SweepCounts()
+            with self._db.transaction(tasks.RECONCILE) as tx:
+                tasks.sweep(tx, self._settings, counts)
+                recovered, dead = outbox.sweep_replies(tx, self._settings)
+            totals.recovered += counts.recovered
+            totals.exhausted += counts.exhausted
+            totals.deadlines_expired += counts.deadlines_expired
+            delivered[0] += recovered
+            delivered[1] += dead
+            if (counts.recovered + counts.exhausted + counts.deadlines_expired + recovered
+                    + dead) == 0:
+                break
+        return Reconciled(leases_recovered=totals.recovered,
+                          attempts_exhausted=totals.exhausted,
+                          deadlines_expired=totals.deadlines_expired,
+                          deliveries_recovered=delivered[0], deliveries_dead=delivered[1])
+
+    def task(self, task_id: str) -> Task:
+        """The task ``task_id`` as stored; ``NotFound`` if there is none."""
+        with self._db.read() as tx:
+            row = tx.one("task_get", task_id=task_id)
+        if row is None:
+            raise NotFound(f"no task {task_id}")
+        return Task.from_row(row)
+
+    def reply(self, task_id: str) -> Reply | None:
+        """The reply of task ``task_id``, or ``None`` while the task is not terminal."""
+        with self._db.read() as tx:
+            row = tx.one("reply_get", task_id=task_id)
+        return Reply.from_row(row) if row is not None else None
+
+    def requeues(self, reply_id: str) -> list[Requeue]:
+        """The recorded operator decisions to resend ``reply_id``, oldest first."""
+        with self._db.read() as tx:
+            rows = tx.all("requeues_for_reply", reply_id=reply_id)
+        return [Requeue(reply_id=row["reply_id"], operator=row["operator"],
+                        reason=row["reason"], requeued_at=float(row["requeued_at"]),
+                        previous_attempts=int(row["previous_attempts"]),
+                        previous_error=row["previous_error"]) for row in rows]
+
+    # -- delivery -------------------------------------------------------------------------------
+
+    def claim_replies(self, owner: str, *, limit: int = 1,
+                      lease: float | None = None) -> list[ReplyClaim]:
+        """Claim up to ``limit`` replies due for delivery (``sending``, leased, fenced)."""
+        check_text(owner, "owner", max_bytes=self._settings.limits.text_bytes)
+        _check_limit(limit)
+        seconds = self._lease(lease, self._settings.dispatch_lease)
+        with self._db.transaction(outbox.DISPATCH_CLAIM) as tx:
+            return outbox.claim_replies(tx, self._settings, owner=owner, limit=limit,
+                                        lease=seconds)
+
+    def record_delivery(self, claim: ReplyClaim, outcome: Outcome) -> ReplyState:
+        """Record one delivery outcome; ``Fenced`` if another publisher holds the reply."""
+        delay = self._settings.delivery_backoff.delay(claim.attempt, self._rng)
+        with self._db.transaction(outbox.DISPATCH_RECORD) as tx:
+            return outbox.record(tx, claim, outcome, delay=delay)
+
+    def record_deliveries(self, pairs: Iterable[tuple[ReplyClaim, Outcome]]) -> DispatchReport:
+        """Record several outcomes in one transaction; fenced ones are reported, not raised."""
+        pairs = list(pairs)
+        counts = {state: 0 for state in ReplyState}
+        fenced: list[str] = []
+        delays = [self._settings.delivery_backoff.delay(claim.attempt, self._rng)
+                  for claim, _ in pairs]
+        with self._db.transaction(outbox.DISPATCH_RECORD) as tx:
+            for (claim, outcome), delay in zip(pairs, delays, strict=True):
+                try:
+                    counts[outbox.record(tx, claim, outcome, delay=delay)] += 1
+                except Fenced:
+                    fenced.append(claim.reply_id)
+        return DispatchReport(claimed=len(pairs), sent=counts[ReplyState.SENT],
+                              retrying=counts[ReplyState.PENDING],
+                              dead=counts[ReplyState.DEAD], fenced=fenced)
+
+    def dispatch(self, transport: Transport, *, owner: str = "dispatcher", limit: int = 1,
+                 lease: float | None = None) -> DispatchReport:
+        """One dispatch step: claim due replies, deliver them, record what happened."""
+        claims = self.claim_replies(owner, limit=limit, lease=lease)
+        if not claims:
+            return DispatchReport()
+        outcomes = _deliver(transport, claims)
+        return self.record_deliveries(zip(claims, outcomes, strict=True))
+
+    def requeue_reply(self, reply_id: str, *, operator: str, reason: str) -> None:
+        """Send a dead reply again: a recorded operator decision (who, when, why).
+
+        Reconcile with the receiver by ``reply_id`` first: it may hold the reply already,
+        in which case the redelivery is acknowledged as a duplicate with no second effect.
+        """
+        check_text(operator, "operator", max_bytes=self._settings.limits.text_bytes)
+        check_text(reason, "reason", max_bytes=4096)
+        with self._db.transaction(outbox.REQUEUE) as tx:
+            outbox.requeue(tx, reply_id, operator=operator, reason=reason)
+
+    # -- housekeeping ---------------------------------------------------------------------------
+
+    def prune(self) -> int:
+        """Forget messages past retention whose task is terminal and reply sent.
+
+        Returns how many were pruned. A pruned identity sent again is a new request.
+        """
+        pruned = 0
+        while True:
+            with self._db.transaction(PRUNE) as tx:
+                cutoff = tx.now - self._settings.retention
+                rows = tx.all("tasks_prunable", cutoff=cutoff, limit=self._settings.sweep_limit)
+                for row in rows:
+                    task_id = row["task_id"]
+                    tx.run("prune_stream_positions", task_id=task_id)
+                    tx.run("prune_requeues", reply_id=reply_id_for(task_id))
+                    tx.run("prune_reply", task_id=task_id)
+                    tx.run("prune_task", task_id=task_id)
+                    tx.run("prune_inbox", task_id=task_id)
+            pruned += len(rows)
+            if len(rows) < self._settings.sweep_limit:
+                return pruned
+
+    def info(self) -> dict[str, Any]:
+        """Settings, schema version and counts, for ``postroom info``."""
+        with self._db.read() as tx:
+            task_counts = {row["state"]: int(row["n"]) for row in tx.all("task_counts")}
+            reply_counts = {row["state"]: int(row["n"]) for row in tx.all("reply_counts")}
+            clock = tx.one("clock_read")
+        settings = self._settings
+        return {
+            "dialect": self._db.dialect.name,
+            "schema_version": self._db.schema_version("store"),
+            "retention_seconds": settings.retention,
+            "lease_seconds": settings.lease,
+            "dispatch_lease_seconds": settings.dispatch_lease,
+            "max_hops": settings.max_hops,
+            "delivery_budget": settings.delivery_budget,
+            "time_high_water": float(clock["high_water"]) if clock is not None else None,
+            "tasks": task_counts,
+            "replies": reply_counts,
+        }
+
+    @property
+    def settings(self) -> Settings:
+        """This store's settings."""
+        return self._settings
+
+    @property
+    def clock(self) -> Clock:
+        """This store's time source (decisions never go below the high-water mark)."""
+        return self._db.clock
+
+    @property
+    def database(self) -> Database:
+        """The underlying database (for audits, benchmarks and tests)."""
+        return self._db
+
+    def close(self) -> None:
+        """Close the store's connections."""
+        self._db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _lease(self, lease: float | None, default: float) -> float:
+        if lease is None:
+            return default
+        if type(lease) not in (int, float) or not (math.isfinite(lease)
+                                                   and 0 < lease <= _MAX_LEASE):
+            raise InvalidInput("lease", f"must be a number of seconds in (0, {_MAX_LEASE}]")
+        return float(lease)
+
+    def _follow_ups(self, claim: Claim, follow_ups: Sequence[FollowUp]) -> list[CheckedEnvelope]:
+        seen: set[str] = set()
+        checked = []
+        principal = follow_up_principal(claim.task_id)
+        for index, follow_up in enumerate(follow_ups):
+            if not isinstance(follow_up, FollowUp):
+                raise InvalidInput(f"follow_ups[{index}]", "must be a FollowUp")
+            if follow_up.message_id in seen:
+                raise InvalidInput(f"follow_ups[{index}].message_id",
+                                   f"{follow_up.message_id!r} appears twice")
+            seen.add(follow_up.message_id)
+            fields = {
+                "message_id": follow_up.message_id,
+                "sender": claim.principal,
+                "payload": follow_up.payload,
+                "deadline": claim.deadline if follow_up.deadline is None else follow_up.deadline,
+                "max_attempts": follow_up.max_attempts,
+                "hops": claim.hops + 1,
+                "queue": claim.queue if follow_up.queue is None else follow_up.queue,
+                "correlation_id": follow_up.correlation_id,
+                "parent_task_id": claim.task_id,
+            }
+            checked.append(_indexed(index, check_envelope, principal, fields,
+                                    limits=self._settings.limits, prefix="follow_ups"))
+        return checked
+
+
+def open_store(url: str, *, clock: Clock | None = None, settings: Settings | None = None,
+               seed: int | None = None) -> Store:
+    """Open the store at ``url`` (``sqlite:///path.db`` or ``postgresql://...``)."""
+    return Store.open(url, clock=clock, settings=settings, seed=seed)
+
+
+def _positions(envelopes: Sequence[Envelope],
+               positions: Sequence[Position | None] | None) -> Sequence[Position | None]:
+    if positions is None:
+        return [None] * len(envelopes)
+    if len(positions) != len(envelopes):
+        raise InvalidInput("positions", f"{len(positions)} positions for "
+                                        f"{len(envelopes)} envelopes")
+    return positions
+
+
+def _indexed(index: int, check: Any, *args: Any, prefix: str = "envelopes",
+             **kwargs: Any) -> Any:
+    """Run a check on item ``index`` of a batch, naming the item in any refusal."""
+    try:
+        return check(*args, **kwargs)
+    except InvalidInput as exc:
+        raise type(exc)(f"{prefix}[{index}].{exc.field}", exc.problem) from None
+
+
+def _check_limit(limit: int) -> None:
+    if type(limit) is not int or not 1 <= limit <= _MAX_BATCH:
+        raise InvalidInput("limit", f"must be an int in 1..{_MAX_BATCH}, got {limit!r}")
+
+
+def _deliver(transport: Transport, claims: Sequence[ReplyClaim]) -> list[Outcome]:
+    batch = [claim.outgoing() for claim in claims]
+    try:
+        answered = transport.deliver(batch)
+    except PayloadCollision as exc:
+        return [Outcome.collision(str(exc))] * len(claims)
+    except PermanentDeliveryError as exc:
+        return [Outcome.permanent(str(exc))] * len(claims)
+    except Exception as exc:
+        # Whatever the transport raised, the far side may or may not have committed: the
+        # only honest record is "unknown, try again", which the receiver's dedupe makes safe.
+        return [Outcome.transient(f"{type(exc).__name__}: {exc}")] * len(claims)
+    outcomes = outbox.outcomes_for(claims, answered)
+    return [o if isinstance(o, Outcome) and isinstance(o.kind, OutcomeKind)
+            else Outcome.transient(f"transport answered {o!r}") for o in outcomes]

@@ -1,0 +1,223 @@
+"""Transactions over a dialect: named operations, fault points, the time authority, migrations.
+
+Every write postroom makes goes through ``Database.transaction(operation)``, which:
+
+1. takes a connection and opens a write transaction,
+2. fixes the transaction's decision time (``tx.now``) from the clock and the high-water mark,
+3. runs the caller's statements,
+4. persists the high-water if anything was written, passes ``<op>.before_commit``, commits,
+   passes ``<op>.after_commit``,
+5. rolls back on any exception and translates driver errors into postroom's tree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from postroom import faults
+from postroom.clock import Clock
+from postroom.errors import PostroomError, SchemaError
+from postroom.store.dialect import Dialect, Row
+from postroom.store.queries import QuerySet
+
+__all__ = ["Database", "Operation", "Tx"]
+
+
+class Operation:
+    """A named kind of write transaction, with its two commit fault points."""
+
+    __slots__ = ("after", "before", "name")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        before, after = faults.commit_points(name)
+        self.before = before.name
+        self.after = after.name
+
+    def __repr__(self) -> str:
+        return f"Operation({self.name!r})"
+
+
+_MIGRATE = Operation("migrate")
+
+
+class Tx:
+    """One open transaction. Statements are run by query name with keyword parameters."""
+
+    __slots__ = ("_conn", "_dialect", "_queries", "high_water", "now", "op", "wrote")
+
+    def __init__(self, conn: Any, dialect: Dialect, op: Operation | None) -> None:
+        self._conn = conn
+        self._dialect = dialect
+        self._queries: QuerySet = dialect.queries
+        self.op = op
+        self.now = 0.0
+        self.high_water = 0.0
+        self.wrote = False
+
+    def one(self, name: str, **params: Any) -> Row | None:
+        """The first row of query ``name``, or ``None``."""
+        query = self._queries[name]
+        cursor = self._dialect.execute(self._conn, query.sql, params)
+        row: Row | None = cursor.fetchone()
+        if query.writes and row is not None:
+            self.wrote = True
+            cursor.fetchall()  # drain, so the statement completes on every driver
+        return row
+
+    def all(self, name: str, **params: Any) -> list[Row]:
+        """Every row of query ``name``."""
+        query = self._queries[name]
+        rows: list[Row] = self._dialect.execute(self._conn, query.sql, params).fetchall()
+        if query.writes and rows:
+            self.wrote = True
+        return rows
+
+    def run(self, name: str, **params: Any) -> int:
+        """Run query ``name`` and return how many rows it changed."""
+        query = self._queries[name]
+        cursor = self._dialect.execute(self._conn, query.sql, params)
+        count = len(cursor.fetchall()) if "RETURNING" in query.sql else cursor.rowcount
+        if query.writes and count > 0:
+            self.wrote = True
+        return int(count)
+
+    def run_many(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Run query ``name`` once per parameter set."""
+        if not rows:
+            return
+        query = self._queries[name]
+        self._dialect.executemany(self._conn, query.sql, rows)
+        if query.writes:
+            self.wrote = True
+
+    def execute(self, sql: str, params: Mapping[str, Any] | Sequence[Any] = ()) -> Any:
+        """Run raw SQL in this transaction (for a receiver's own business effect).
+
+        Parameters use the driver's style. The transaction counts as having written.
+        """
+        self.wrote = True
+        return self._dialect.execute(self._conn, sql, params)
+
+    def notify(self, channel: str) -> None:
+        """Announce new work on ``channel`` once this transaction commits."""
+        self._dialect.notify(self, channel)
+
+
+class Database:
+    """A dialect plus the transaction discipline every postroom component shares."""
+
+    def __init__(self, dialect: Dialect, *, clock: Clock | None = None,
+                 track_time: bool = True) -> None:
+        self.dialect = dialect
+        self.clock: Clock = clock if clock is not None else dialect.default_clock()
+        self._track_time = track_time
+
+    @contextmanager
+    def transaction(self, op: Operation) -> Iterator[Tx]:
+        """A write transaction named ``op``; see the module docstring."""
+        dialect = self.dialect
+        with dialect.connection() as conn:
+            tx = Tx(conn, dialect, op)
+            try:
+                dialect.begin(conn, write=True)
+                tx.now = (dialect.decision_time(tx, self.clock) if self._track_time
+                          else self.clock.now())
+                yield tx
+                if self._track_time:
+                    dialect.record_time(tx)
+                faults.hit(op.before)
+                dialect.commit(conn)
+            except dialect.driver_error as exc:
+                dialect.rollback(conn)
+                raise dialect.translate(exc) from exc
+            except BaseException:
+                dialect.rollback(conn)
+                raise
+        faults.hit(op.after)
+
+    @contextmanager
+    def read(self) -> Iterator[Tx]:
+        """A read-only transaction: one consistent snapshot, no fault points."""
+        dialect = self.dialect
+        with dialect.connection() as conn:
+            tx = Tx(conn, dialect, None)
+            try:
+                dialect.begin(conn, write=False)
+                tx.now = self.clock.now()
+                yield tx
+                dialect.rollback(conn)
+            except dialect.driver_error as exc:
+                dialect.rollback(conn)
+                raise dialect.translate(exc) from exc
+            except BaseException:
+                dialect.rollback(conn)
+                raise
+
+    def migrate(self, component: str) -> int:
+        """Create or upgrade ``component``'s schema; return its version.
+
+        Raises ``SchemaError`` if the database holds a newer version than this code knows.
+        """
+        dialect = self.dialect
+        migrations = dialect.migrations(component)
+        latest = migrations[-1][0] if migrations else 0
+        with dialect.connection() as conn:
+            try:
+                dialect.begin(conn, write=True)
+                dialect.execute_script(conn, _SCHEMA_TABLE)
+                cursor = dialect.execute(
+                    conn, dialect.convert(
+                        "SELECT version FROM postroom_schema WHERE component = :component"),
+                    {"component": component})
+                row = cursor.fetchone()
+                current = int(row["version"]) if row is not None else 0
+                if current > latest:
+                    raise SchemaError(
+                        f"{component} schema is at version {current}; this postroom knows "
+                        f"up to {latest}: upgrade postroom before opening this database")
+                for version, script in migrations:
+                    if version > current:
+                        dialect.execute_script(conn, script)
+                if latest > current:
+                    dialect.execute(conn, dialect.convert(
+                        "INSERT INTO postroom_schema (component, version) "
+                        "VALUES (:component, :version) ON CONFLICT (component) "
+                        "DO UPDATE SET version = excluded.version"),
+                        {"component": component, "version": latest})
+                faults.hit(_MIGRATE.before)
+                dialect.commit(conn)
+            except dialect.driver_error as exc:
+                dialect.rollback(conn)
+                raise dialect.translate(exc) from exc
+            except BaseException:
+                dialect.rollback(conn)
+                raise
+        faults.hit(_MIGRATE.after)
+        return latest
+
+    def schema_version(self, component: str) -> int:
+        """The schema version of ``component`` in the database (0 if absent)."""
+        try:
+            with self.read() as tx:
+                cursor = tx.execute(self.dialect.convert(
+                    "SELECT version FROM postroom_schema WHERE component = :component"),
+                    {"component": component})
+                row = cursor.fetchone()
+        except PostroomError:
+            return 0
+        return int(row["version"]) if row is not None else 0
+
+    def close(self) -> None:
+        """Release the dialect's connections."""
+        self.dialect.close()
+
+
+_SCHEMA_TABLE = """
+CREATE TABLE IF NOT EXISTS postroom_schema (
+    component  TEXT PRIMARY KEY,
+    version    INTEGER NOT NULL
+);
+"""

@@ -1,0 +1,174 @@
+-- The inbox, tasks and stream cursors. Every statement that changes a task is guarded by the
+-- state (and, for an owner's call, owner/fence/lease/deadline) it expects: a lost race shows
+-- up as zero rows, never as an overwrite.
+
+-- name: clock_read
+-- The persisted time high-water mark.
+SELECT high_water FROM postroom_clock WHERE id = 1
+
+-- name: clock_advance
+-- Move the high-water mark forward (never back).
+UPDATE postroom_clock SET high_water = :now WHERE id = 1 AND high_water < :now
+
+-- name: inbox_insert
+-- Store an accepted message unless its identity is already stored.
+INSERT INTO inbox (task_id, principal, message_id, fingerprint, envelope, received_at)
+VALUES (:task_id, :principal, :message_id, :fingerprint, :envelope, :now)
+ON CONFLICT (task_id) DO NOTHING
+RETURNING task_id
+
+-- name: inbox_fingerprint
+-- The content fingerprint stored for an identity.
+SELECT fingerprint FROM inbox WHERE task_id = :task_id
+
+-- name: task_insert
+-- Create the task of a newly stored message.
+INSERT INTO tasks (task_id, principal, message_id, queue, state, payload, deadline,
+                   max_attempts, hops, parent_task_id, correlation_id, attempts, fence,
+                   available_at, result, last_error, created_at, updated_at)
+VALUES (:task_id, :principal, :message_id, :queue, :state, :payload, :deadline,
+        :max_attempts, :hops, :parent_task_id, :correlation_id, 0, 0,
+        :now, :result, :last_error, :now, :now)
+
+-- name: stream_position_insert
+-- Record that a numbered position of a source's stream is stored.
+INSERT INTO stream_positions (principal, stream, seq, task_id)
+VALUES (:principal, :stream, :seq, :task_id)
+ON CONFLICT (principal, stream, seq) DO NOTHING
+RETURNING seq
+
+-- name: stream_position_task
+-- Which task a stored position belongs to.
+SELECT task_id FROM stream_positions
+WHERE principal = :principal AND stream = :stream AND seq = :seq
+
+-- name: stream_watermark
+-- The contiguous durable watermark of a source's stream.
+SELECT watermark FROM streams WHERE principal = :principal AND stream = :stream
+
+-- name: stream_create
+-- Start a stream's watermark at zero.
+INSERT INTO streams (principal, stream, watermark) VALUES (:principal, :stream, 0)
+ON CONFLICT (principal, stream) DO NOTHING
+
+-- name: stream_next_missing
+-- The first position above the watermark that is not stored yet (the watermark's new value
+-- is one below it). Bounded by the number of out-of-order positions already stored.
+WITH RECURSIVE run(seq) AS (
+    SELECT :watermark + 1
+    UNION ALL
+    SELECT run.seq + 1 FROM run
+    WHERE EXISTS (SELECT 1 FROM stream_positions p
+                  WHERE p.principal = :principal AND p.stream = :stream AND p.seq = run.seq)
+)
+SELECT max(seq) AS missing FROM run
+
+-- name: stream_advance
+-- Move a stream's watermark forward.
+UPDATE streams SET watermark = :watermark
+WHERE principal = :principal AND stream = :stream AND watermark < :watermark
+
+-- name: claim_head
+-- When the next claimable task of one queue became available (for ordering several queues).
+SELECT available_at FROM tasks
+WHERE state = 'pending' AND queue = :queue AND available_at <= :now AND deadline > :now
+ORDER BY available_at
+LIMIT 1
+
+-- name: claim_tasks
+-- Pick up to :limit claimable tasks of one queue, oldest first, and make them running.
+WITH picked AS (
+    SELECT task_id FROM tasks
+    WHERE state = 'pending' AND queue = :queue AND available_at <= :now AND deadline > :now
+    ORDER BY available_at
+    LIMIT :limit
+    {skip_locked}
+)
+UPDATE tasks
+SET state = 'running', owner = :owner, lease_until = :lease_until, fence = fence + 1,
+    attempts = attempts + 1, updated_at = :now
+FROM picked
+WHERE tasks.task_id = picked.task_id AND tasks.state = 'pending'
+RETURNING tasks.task_id, tasks.principal, tasks.message_id, tasks.queue, tasks.payload,
+          tasks.deadline, tasks.max_attempts, tasks.hops, tasks.attempts, tasks.fence,
+          tasks.lease_until
+
+-- name: tasks_lease_expired
+-- Running tasks whose lease ran out, oldest first (bounded sweep).
+SELECT task_id, fence, attempts, max_attempts FROM tasks
+WHERE state = 'running' AND lease_until <= :now
+ORDER BY lease_until
+LIMIT :limit
+
+-- name: tasks_deadline_passed
+-- Live tasks whose deadline passed, oldest first (bounded sweep).
+SELECT task_id, state, fence, deadline FROM tasks
+WHERE state IN ('pending', 'running') AND deadline <= :now
+ORDER BY deadline
+LIMIT :limit
+
+-- name: task_get
+-- One task, whole.
+SELECT * FROM tasks WHERE task_id = :task_id
+
+-- name: task_apply
+-- Apply a decision to a task still in the state and fence it was decided on.
+UPDATE tasks
+SET state = :to_state, owner = :owner, lease_until = :lease_until,
+    available_at = :available_at, result = :result, last_error = :last_error,
+    updated_at = :now
+WHERE task_id = :task_id AND state = :from_state AND fence = :fence
+RETURNING task_id
+
+-- name: task_apply_owned
+-- Apply an owner's decision: only while the owner's claim is current, its lease unexpired
+-- and the deadline not reached.
+UPDATE tasks
+SET state = :to_state, owner = :owner, lease_until = :lease_until,
+    available_at = :available_at, result = :result, last_error = :last_error,
+    updated_at = :now
+WHERE task_id = :task_id AND state = 'running' AND owner = :claim_owner
+  AND fence = :fence AND lease_until > :now AND deadline > :now
+RETURNING task_id
+
+-- name: task_renew
+-- Extend a current claim's lease.
+UPDATE tasks SET lease_until = :lease_until, updated_at = :now
+WHERE task_id = :task_id AND state = 'running' AND owner = :claim_owner
+  AND fence = :fence AND lease_until > :now AND deadline > :now
+RETURNING lease_until
+
+-- name: tasks_prunable
+-- Stored messages past retention whose task is terminal and whose reply was sent.
+SELECT inbox.task_id FROM inbox
+JOIN tasks ON tasks.task_id = inbox.task_id
+JOIN replies ON replies.task_id = inbox.task_id
+WHERE inbox.received_at < :cutoff
+  AND tasks.state IN ('done', 'failed', 'cancelled', 'expired', 'hop_limit')
+  AND replies.state = 'sent'
+ORDER BY inbox.received_at
+LIMIT :limit
+
+-- name: prune_stream_positions
+-- Forget the stream positions of a pruned message.
+DELETE FROM stream_positions WHERE task_id = :task_id
+
+-- name: prune_requeues
+-- Forget the requeue records of a pruned reply.
+DELETE FROM reply_requeues WHERE reply_id = :reply_id
+
+-- name: prune_reply
+-- Forget a pruned message's reply.
+DELETE FROM replies WHERE task_id = :task_id
+
+-- name: prune_task
+-- Forget a pruned message's task.
+DELETE FROM tasks WHERE task_id = :task_id
+
+-- name: prune_inbox
+-- Forget a pruned message's identity: a reuse is now a new request.
+DELETE FROM inbox WHERE task_id = :task_id
+
+-- name: task_counts
+-- How many tasks are in each state.
+SELECT state, count(*) AS n FROM tasks GROUP BY state

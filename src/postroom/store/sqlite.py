@@ -1,0 +1,130 @@
+"""SQLite: the embedded backend (one host, WAL, ``synchronous=FULL``).
+
+SQLite allows one writer at a time. Every write transaction starts with ``BEGIN IMMEDIATE``
+so it takes the write lock before reading what it will decide on; that serializes decisions
+(and makes the high-water mark a plain row) and never upgrades a read snapshot into a write,
+which SQLite would refuse with ``SQLITE_BUSY`` without waiting.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, ClassVar
+
+from postroom.errors import PostroomError, StoreError, StoreUnavailable
+from postroom.store.dialect import Dialect
+
+__all__ = ["SQLiteDialect"]
+
+_TRANSIENT_CODES = {
+    sqlite3.SQLITE_BUSY,
+    sqlite3.SQLITE_LOCKED,
+    getattr(sqlite3, "SQLITE_BUSY_SNAPSHOT", 517),
+    getattr(sqlite3, "SQLITE_BUSY_RECOVERY", 261),
+}
+
+
+class SQLiteDialect(Dialect):
+    """A single SQLite database file, shared by threads through one locked connection."""
+
+    name: ClassVar[str] = "sqlite"
+    fragments: ClassVar[Mapping[str, str]] = {"skip_locked": ""}
+    driver_error: ClassVar[type[BaseException]] = sqlite3.Error
+
+    def __init__(self, path: str | Path, *, busy_timeout: float = 30.0,
+                 cache_mib: int = 64) -> None:
+        self.path = str(path)
+        self._busy_timeout = busy_timeout
+        self._lock = threading.RLock()
+        try:
+            self._conn = self._connect(cache_mib)
+        except sqlite3.Error as exc:
+            raise self.translate(exc) from exc
+
+    def _connect(self, cache_mib: int) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None,
+                               check_same_thread=False)
+        conn.row_factory = sqlite3.Row
+        # Switching to WAL needs a moment of exclusive access; another process opening the
+        # same new file at the same time may hold it, so wait for it like any other lock.
+        deadline = time.monotonic() + self._busy_timeout
+        while conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            try:
+                conn.execute("PRAGMA journal_mode = WAL")
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode not in _TRANSIENT_CODES or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute(f"PRAGMA cache_size = {-1024 * int(cache_mib)}")
+        conn.execute("PRAGMA foreign_keys = ON")
+        return conn
+
+    @contextmanager
+    def connection(self) -> Iterator[sqlite3.Connection]:
+        """The store's connection, held exclusively by this thread for one transaction."""
+        with self._lock:
+            yield self._conn
+
+    def begin(self, conn: sqlite3.Connection, *, write: bool) -> None:
+        """``BEGIN IMMEDIATE`` for writes, a deferred snapshot for reads."""
+        conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    def commit(self, conn: sqlite3.Connection) -> None:
+        """Commit; with ``synchronous=FULL`` the WAL is on disk when this returns."""
+        conn.execute("COMMIT")
+
+    def rollback(self, conn: sqlite3.Connection) -> None:
+        """Roll back if a transaction is open."""
+        try:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+
+    def execute(self, conn: sqlite3.Connection, sql: str,
+                params: Mapping[str, Any] | Sequence[Any]) -> sqlite3.Cursor:
+        """Execute one statement."""
+        return conn.execute(sql, params)
+
+    def executemany(self, conn: sqlite3.Connection, sql: str,
+                    rows: Sequence[Mapping[str, Any]]) -> None:
+        """Execute one statement per parameter set."""
+        conn.executemany(sql, rows)
+
+    def execute_script(self, conn: sqlite3.Connection, script: str) -> None:
+        """Run a script statement by statement inside the open transaction.
+
+        (``executescript`` would commit first, breaking the migration's atomicity.)
+        """
+        buffer = ""
+        for line in script.splitlines(keepends=True):
+            buffer += line
+            if sqlite3.complete_statement(buffer):
+                if buffer.strip():
+                    conn.execute(buffer)
+                buffer = ""
+        if buffer.strip() and not buffer.strip().startswith("--"):
+            conn.execute(buffer)
+
+    def translate(self, exc: BaseException) -> PostroomError:
+        """Busy and locked are transient; everything else is a store error."""
+        code = getattr(exc, "sqlite_errorcode", None)
+        if code in _TRANSIENT_CODES:
+            return StoreUnavailable(f"sqlite {self.path}: {exc}")
+        return StoreError(f"sqlite {self.path}: {exc}")
+
+    def explain(self, conn: sqlite3.Connection, sql: str,
+                params: Mapping[str, Any]) -> list[str]:
+        """``EXPLAIN QUERY PLAN`` lines."""
+        return [str(row[3]) for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
+
+    def close(self) -> None:
+        """Close the connection."""
+        with self._lock:
+            self._conn.close()

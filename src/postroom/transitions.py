@@ -1,0 +1,169 @@
+"""The state machines of tasks and replies, as pure decisions.
+
+Each function takes what is known about a record and an event, and returns a frozen decision
+value; no I/O, no clock. The store applies a decision with one guarded statement
+(``task_apply`` / ``reply_apply``) that only matches the state and fence it was decided on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from postroom.models import OutcomeKind, ReplyState, TaskState
+from postroom.validation import canonical_json, fingerprint
+
+__all__ = [
+    "ReplyContent",
+    "ReplyDecision",
+    "TaskDecision",
+    "cancel",
+    "deadline_passed",
+    "delivery",
+    "fail",
+    "finish",
+    "initial_state",
+    "lease_expired",
+    "reply_content",
+    "reply_id_for",
+    "reply_lease_expired",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyContent:
+    """The fixed identity and body of a terminal task's reply."""
+
+    reply_id: str
+    status: TaskState
+    body: str
+    fingerprint: str
+
+
+@dataclass(frozen=True, slots=True)
+class TaskDecision:
+    """Move a task to ``to_state``. A terminal decision carries its reply."""
+
+    to_state: TaskState
+    available_at: float
+    result: str | None = None  # canonical JSON
+    last_error: str | None = None
+    reply: ReplyContent | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyDecision:
+    """Move a reply to ``to_state``."""
+
+    to_state: ReplyState
+    available_at: float
+    last_error: str | None = None
+    sent_at: float | None = None
+
+
+def reply_id_for(task_id: str) -> str:
+    """A task's reply id: stable, so a redelivery is recognisably the same reply."""
+    return "reply:" + task_id
+
+
+def reply_content(task_id: str, status: TaskState, result_json: str) -> ReplyContent:
+    """The reply body ``{"kind": "result", "task_id", "status", "result"}`` as canonical JSON.
+
+    ``result_json`` is already canonical, so the body is assembled in key order rather than
+    parsed and dumped again; a unit test pins that this equals ``canonical_json``.
+    """
+    body = ('{"kind":"result","result":' + result_json + ',"status":'
+            + canonical_json(status.value) + ',"task_id":' + canonical_json(task_id) + "}")
+    return ReplyContent(reply_id=reply_id_for(task_id), status=status, body=body,
+                        fingerprint=fingerprint(body))
+
+
+def _terminal(task_id: str, state: TaskState, now: float, *, result: str | None = None,
+              error: str | None = None) -> TaskDecision:
+    result_json = result if result is not None else canonical_json({"error": error})
+    return TaskDecision(to_state=state, available_at=now, result=result, last_error=error,
+                        reply=reply_content(task_id, state, result_json))
+
+
+def initial_state(task_id: str, *, deadline: float, hops: int, max_hops: int,
+                  now: float) -> TaskDecision:
+    """A newly received task: ``pending``, or terminal if it can never run."""
+    if deadline <= now:
+        return _terminal(task_id, TaskState.EXPIRED, now,
+                         error=f"deadline {deadline} had passed when it arrived at {now}")
+    if hops >= max_hops:
+        return _terminal(task_id, TaskState.HOP_LIMIT, now,
+                         error=f"hops {hops} reached the limit of {max_hops}")
+    return TaskDecision(to_state=TaskState.PENDING, available_at=now)
+
+
+def lease_expired(task_id: str, *, attempts: int, max_attempts: int,
+                  now: float) -> TaskDecision:
+    """A running task's owner stopped renewing: run it again, or fail if it had its last try."""
+    if attempts >= max_attempts:
+        return _terminal(task_id, TaskState.FAILED, now,
+                         error=f"attempts exhausted: the lease expired on attempt "
+                               f"{attempts} of {max_attempts}")
+    return TaskDecision(to_state=TaskState.PENDING, available_at=now,
+                        last_error=f"lease expired on attempt {attempts}")
+
+
+def deadline_passed(task_id: str, *, deadline: float, now: float) -> TaskDecision:
+    """The absolute deadline passed before the task finished."""
+    return _terminal(task_id, TaskState.EXPIRED, now,
+                     error=f"deadline {deadline} passed (now {now})")
+
+
+def finish(task_id: str, *, result_json: str, now: float) -> TaskDecision:
+    """The current owner finished the task."""
+    return _terminal(task_id, TaskState.DONE, now, result=result_json)
+
+
+def fail(task_id: str, *, attempt: int, max_attempts: int, retryable: bool, reason: str,
+         now: float, delay: float) -> TaskDecision:
+    """The current owner reports a failure: retry after ``delay``, or fail for good."""
+    if not retryable:
+        return _terminal(task_id, TaskState.FAILED, now, error=reason)
+    if attempt >= max_attempts:
+        return _terminal(task_id, TaskState.FAILED, now,
+                         error=f"attempts exhausted ({attempt} of {max_attempts}): {reason}")
+    return TaskDecision(to_state=TaskState.PENDING, available_at=now + delay,
+                        last_error=reason)
+
+
+def cancel(task_id: str, *, state: TaskState, reason: str, now: float) -> TaskDecision | None:
+    """Cancel a live task; a terminal one cannot be cancelled (``None``)."""
+    if state.terminal:
+        return None
+    return _terminal(task_id, TaskState.CANCELLED, now, error=reason)
+
+
+def delivery(kind: OutcomeKind, *, detail: str, attempt: int, budget: int, now: float,
+             delay: float) -> ReplyDecision:
+    """Record what a delivery attempt learned."""
+    if kind is OutcomeKind.DELIVERED:
+        return ReplyDecision(to_state=ReplyState.SENT, available_at=now, sent_at=now)
+    if kind is OutcomeKind.COLLISION:
+        return ReplyDecision(to_state=ReplyState.DEAD, available_at=now,
+                             last_error=f"collision: the receiver holds this reply_id with "
+                                        f"different content: {detail}")
+    if kind is OutcomeKind.PERMANENT:
+        return ReplyDecision(to_state=ReplyState.DEAD, available_at=now,
+                             last_error=f"permanent: {detail}")
+    if attempt >= budget:
+        return ReplyDecision(to_state=ReplyState.DEAD, available_at=now,
+                             last_error=f"delivery budget spent ({attempt} of {budget}): "
+                                        f"{detail}")
+    return ReplyDecision(to_state=ReplyState.PENDING, available_at=now + delay,
+                         last_error=f"transient: {detail}")
+
+
+def reply_lease_expired(*, attempt: int, budget: int, now: float) -> ReplyDecision:
+    """A publisher vanished mid-delivery: the outcome is unknown, so deliver again or give up."""
+    if attempt >= budget:
+        return ReplyDecision(to_state=ReplyState.DEAD, available_at=now,
+                             last_error=f"outcome unknown: the publisher's lease expired on "
+                                        f"attempt {attempt} of {budget}; reconcile with the "
+                                        f"receiver by reply_id before requeueing")
+    return ReplyDecision(to_state=ReplyState.PENDING, available_at=now,
+                         last_error=f"outcome unknown: the publisher's lease expired on "
+                                    f"attempt {attempt}")

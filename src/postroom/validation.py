@@ -1,0 +1,297 @@
+"""Canonical JSON, fingerprints, identities and the input limits of SPEC §1.
+
+Everything here is pure: no I/O, no clock. Validation runs before any write and raises an
+``InvalidInput`` subclass whose message names the offending field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from postroom.errors import InvalidEnvelope, InvalidInput
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "Limits",
+    "canonical_json",
+    "fingerprint",
+    "task_id_for",
+]
+
+_MAX_HOPS_VALUE = 2**31 - 1
+_INT64 = 2**63
+
+
+# The defaults of SPEC §1 are also the ceilings: a store may lower a limit, never raise it.
+_CEILINGS = {
+    "text_bytes": 128,
+    "payload_depth": 16,
+    "payload_nodes": 10_000,
+    "payload_bytes": 64 * 1024,
+    "max_attempts": 10,
+    "hops": _MAX_HOPS_VALUE,
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Limits:
+    """The input limits of SPEC §1. Each may be lowered, never raised, from its default."""
+
+    text_bytes: int = _CEILINGS["text_bytes"]  # message_id, queue, correlation_id, flow ...
+    payload_depth: int = _CEILINGS["payload_depth"]
+    payload_nodes: int = _CEILINGS["payload_nodes"]
+    payload_bytes: int = _CEILINGS["payload_bytes"]
+    max_attempts: int = _CEILINGS["max_attempts"]
+    hops: int = _CEILINGS["hops"]
+
+    def __post_init__(self) -> None:
+        for name, ceiling in _CEILINGS.items():
+            value = getattr(self, name)
+            if type(value) is not int or not 1 <= value <= ceiling:
+                raise InvalidInput(f"limits.{name}",
+                                   f"must be an int in 1..{ceiling}, got {value!r}")
+
+
+DEFAULT_LIMITS = Limits()
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, ``(",", ":")`` separators, UTF-8 text (not ASCII-escaped), no NaN/inf."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False)
+
+
+def fingerprint(canonical: str) -> str:
+    """SHA-256 hex digest of an already canonical JSON text."""
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def task_id_for(principal: str, message_id: str) -> str:
+    """The stable task identity: SHA-256 of canonical JSON ``[principal, message_id]``."""
+    return fingerprint(canonical_json([principal, message_id]))
+
+
+def follow_up_principal(parent_task_id: str) -> str:
+    """The namespace in which a task's follow-ups are identified.
+
+    Follow-ups are keyed by their parent, so a parent re-run after a crash produces the same
+    ids, and a follow-up can never collide with a message its requester sent directly.
+    """
+    return f"task:{parent_task_id}"
+
+
+# -- scalar checks ----------------------------------------------------------------------------
+
+
+def check_text(value: object, field: str, *, max_bytes: int,
+               error: type[InvalidInput] = InvalidInput) -> str:
+    """A non-empty ``str`` of at most ``max_bytes`` UTF-8 bytes."""
+    if type(value) is not str:
+        raise error(field, f"must be a string, got {type(value).__name__}")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise error(field, "is not valid UTF-8 text (lone surrogate)") from None
+    if size == 0:
+        raise error(field, "must not be empty")
+    if size > max_bytes:
+        raise error(field, f"is {size} bytes of UTF-8; the limit is {max_bytes}")
+    return value
+
+
+def check_int(value: object, field: str, *, low: int, high: int,
+              error: type[InvalidInput] = InvalidInput) -> int:
+    """An ``int`` (not ``bool``) in ``low..high``."""
+    if type(value) is not int:
+        raise error(field, f"must be an int, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise error(field, f"must be in {low}..{high}, got {value}")
+    return value
+
+
+def check_number(value: object, field: str,
+                 error: type[InvalidInput] = InvalidInput) -> float:
+    """A finite int or float (not ``bool``, not ``str``), returned as ``float``."""
+    if type(value) not in (int, float):
+        raise error(field, f"must be a finite number, got {type(value).__name__}")
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except OverflowError:
+        raise error(field, "is too large to be a finite number") from None
+    if not math.isfinite(number):
+        raise error(field, f"must be a finite number, got {value!r}")
+    return number
+
+
+# -- JSON documents ---------------------------------------------------------------------------
+
+
+def check_json(value: object, field: str, *, limits: Limits, require_object: bool,
+               error: type[InvalidInput] = InvalidInput) -> str:
+    """Validate a JSON document and return its canonical text.
+
+    Refuses non-str keys, non-finite numbers, unknown types, self-references, nesting deeper
+    than ``limits.payload_depth``, more than ``limits.payload_nodes`` values, and a canonical
+    size above ``limits.payload_bytes``.
+    """
+    if require_object and not isinstance(value, dict):
+        raise error(field, f"must be a JSON object, got {type(value).__name__}")
+    nodes = 0
+    # Iterative walk: (value, path, depth). Containers on the current path are tracked to
+    # name a self-reference precisely instead of reporting it as "too deep".
+    stack: list[tuple[object, str, int, tuple[int, ...]]] = [(value, field, 0, ())]
+    while stack:
+        item, path, depth, ancestors = stack.pop()
+        nodes += 1
+        if nodes > limits.payload_nodes:
+            raise error(field, f"has more than {limits.payload_nodes} values")
+        kind = type(item)
+        if kind is str or item is None or kind is bool:
+            continue
+        if kind is int:
+            if not -_INT64 <= item < _INT64:  # type: ignore[operator]
+                raise error(path, "integer outside the signed 64-bit range")
+            continue
+        if kind is float:
+            if not math.isfinite(item):  # type: ignore[arg-type]
+                raise error(path, f"must be a finite number, got {item!r}")
+            continue
+        if kind is dict or kind is list or kind is tuple:
+            if id(item) in ancestors:
+                raise error(path, "refers to itself (self-referencing structure)")
+            if depth + 1 > limits.payload_depth:
+                raise error(path, f"nesting deeper than {limits.payload_depth} levels")
+            inner = (*ancestors, id(item))
+            if kind is dict:
+                for key, child in item.items():  # type: ignore[attr-defined]
+                    if type(key) is not str:
+                        raise error(path, f"has a key of type {type(key).__name__}; "
+                                          "keys must be str")
+                    stack.append((child, f"{path}.{key}", depth + 1, inner))
+            else:
+                for index, child in enumerate(item):  # type: ignore[arg-type]
+                    stack.append((child, f"{path}[{index}]", depth + 1, inner))
+            continue
+        raise error(path, f"{kind.__name__} is not a JSON value")
+    text = canonical_json(value)
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise error(_find_surrogate(value, field),
+                    "is not valid UTF-8 text (lone surrogate)") from None
+    if size > limits.payload_bytes:
+        raise error(field, f"is {size} bytes as canonical JSON; "
+                           f"the limit is {limits.payload_bytes}")
+    return text
+
+
+def _find_surrogate(value: object, path: str) -> str:
+    def bad(text: str) -> bool:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+
+    if isinstance(value, str):
+        return path if bad(value) else ""
+    if isinstance(value, dict):
+        for key, child in value.items():
+            if bad(key):
+                return f"{path} (a key)"
+            found = _find_surrogate(child, f"{path}.{key}")
+            if found:
+                return found
+    if isinstance(value, list | tuple):
+        for index, child in enumerate(value):
+            found = _find_surrogate(child, f"{path}[{index}]")
+            if found:
+                return found
+    return path
+
+
+# -- envelopes --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedEnvelope:
+    """An envelope that passed validation, with its derived identity and canonical texts."""
+
+    task_id: str
+    principal: str
+    message_id: str
+    sender: str
+    payload: str  # canonical JSON
+    deadline: float
+    max_attempts: int
+    hops: int
+    queue: str
+    correlation_id: str | None
+    parent_task_id: str | None
+    envelope: str  # canonical JSON of the whole envelope
+    fingerprint: str
+
+
+def check_envelope(principal: str, envelope: Mapping[str, object], *,
+                   limits: Limits) -> CheckedEnvelope:
+    """Validate every field of an envelope (given as a mapping of its fields).
+
+    ``sender`` is only checked for form here; whether it equals the principal is an
+    authorization question answered by the inbox.
+    """
+    e = InvalidEnvelope
+    message_id = check_text(envelope.get("message_id"), "message_id",
+                            max_bytes=limits.text_bytes, error=e)
+    sender = check_text(envelope.get("sender"), "sender", max_bytes=limits.text_bytes, error=e)
+    kind = envelope.get("kind", "task")
+    if kind != "task" or type(kind) is not str:
+        raise e("kind", f"only 'task' enters the work queue, got {kind!r}")
+    payload = check_json(envelope.get("payload"), "payload", limits=limits,
+                         require_object=True, error=e)
+    deadline = check_number(envelope.get("deadline"), "deadline", error=e)
+    max_attempts = check_int(envelope.get("max_attempts", 3), "max_attempts",
+                             low=1, high=limits.max_attempts, error=e)
+    hops = check_int(envelope.get("hops", 0), "hops", low=0, high=limits.hops, error=e)
+    queue = check_text(envelope.get("queue", "default"), "queue",
+                       max_bytes=limits.text_bytes, error=e)
+    correlation_id = _optional_text(envelope.get("correlation_id"), "correlation_id", limits)
+    parent_task_id = _optional_text(envelope.get("parent_task_id"), "parent_task_id", limits)
+    document = {
+        "message_id": message_id,
+        "sender": sender,
+        "payload": envelope.get("payload"),
+        "deadline": deadline,
+        "max_attempts": max_attempts,
+        "hops": hops,
+        "kind": kind,
+        "queue": queue,
+        "correlation_id": correlation_id,
+        "parent_task_id": parent_task_id,
+    }
+    text = canonical_json(document)
+    return CheckedEnvelope(
+        task_id=task_id_for(principal, message_id),
+        principal=principal,
+        message_id=message_id,
+        sender=sender,
+        payload=payload,
+        deadline=deadline,
+        max_attempts=max_attempts,
+        hops=hops,
+        queue=queue,
+        correlation_id=correlation_id,
+        parent_task_id=parent_task_id,
+        envelope=text,
+        fingerprint=fingerprint(text),
+    )
+
+
+def _optional_text(value: object, field: str, limits: Limits) -> str | None:
+    if value is None:
+        return None
+    return check_text(value, field, max_bytes=limits.text_bytes, error=InvalidEnvelope)

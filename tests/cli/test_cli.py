@@ -1,0 +1,58 @@
+"""The command line, run as a real subprocess (the way users and CI run it)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import postroom
+from tests.support import envelope
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "postroom", *args], capture_output=True,
+                          text=True, check=False, timeout=120)
+
+
+def test_demo_tells_the_whole_story_and_succeeds():
+    result = run("demo")
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    for evidence in ('"ack": "stored"', "state=pending", "fence 1", "fence=2",
+                     "rejected", "reply_id True", "receiver effects 1", "audit       clean",
+                     "every step held"):
+        assert evidence in out
+
+
+def test_audit_of_a_clean_store_exits_zero(db_url, store, auth):
+    store.receive(auth, envelope())
+    result = run("audit", db_url)
+    assert result.returncode == 0 and "clean" in result.stdout
+
+
+def test_audit_names_each_violation_and_exits_non_zero(db_url, store, auth):
+    store.receive(auth, envelope())
+    dialect = store.database.dialect
+    with dialect.connection() as conn:
+        dialect.begin(conn, write=True)
+        dialect.execute(conn, "UPDATE tasks SET owner = 'ghost'", ())
+        dialect.commit(conn)
+    result = run("audit", db_url)
+    assert result.returncode == 1
+    assert "idle_task_with_owner_or_lease" in result.stdout
+
+
+def test_info_shows_the_retention_period(db_url):
+    postroom.open_store(db_url).close()
+    result = run("info", db_url)
+    assert result.returncode == 0 and '"retention_seconds": 604800.0' in result.stdout
+
+
+def test_every_command_is_documented_in_the_readme():
+    from pathlib import Path
+
+    from postroom.cli import main
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text("utf-8")
+    for name in main.commands:
+        assert f"postroom {name}" in readme, f"`postroom {name}` is not in the README"

@@ -1,0 +1,80 @@
+"""``postroom audit`` finds each kind of broken invariant, and nothing in a healthy store."""
+
+from __future__ import annotations
+
+import pytest
+
+import postroom
+from postroom.audit import audit_database, audit_url
+from tests.support import envelope
+
+
+def corrupt(store: postroom.Store, sql: str) -> None:
+    """Break the database behind the store's back (the store never writes like this)."""
+    dialect = store.database.dialect
+    with dialect.connection() as conn:
+        dialect.begin(conn, write=True)
+        dialect.execute(conn, sql, ())
+        dialect.commit(conn)
+
+
+@pytest.fixture
+def busy_store(store, auth, transport, clock):
+    """A store with a task in every stage: pending, running, done+sent, failed+pending."""
+    store.receive_atomic(auth, [envelope(f"m-{i}") for i in range(4)])
+    store.finish(store.claim("w"), {"ok": 1})
+    store.dispatch(transport)
+    store.fail(store.claim("w"), "nope", retryable=False)
+    store.claim("w")
+    return store
+
+
+def checks(store: postroom.Store) -> set[str]:
+    return {violation.check for violation in audit_database(store.database)}
+
+
+def test_a_healthy_store_and_receiver_are_clean(busy_store, receiver):
+    assert audit_database(busy_store.database) == []
+    assert audit_database(receiver.database) == []
+
+
+@pytest.mark.parametrize(("sql", "check"), [
+    ("DELETE FROM replies WHERE status = 'failed'", "terminal_task_without_reply"),
+    ("UPDATE tasks SET state = 'pending', owner = NULL, lease_until = NULL "
+     "WHERE state = 'done'", "reply_for_live_task"),
+    ("UPDATE tasks SET owner = NULL WHERE state = 'running'", "running_without_owner_or_lease"),
+    ("UPDATE tasks SET owner = 'ghost' WHERE state = 'pending'",
+     "idle_task_with_owner_or_lease"),
+    ("UPDATE tasks SET attempts = max_attempts + 1, fence = 99 WHERE state = 'running'",
+     "attempts_out_of_range"),
+    ("UPDATE tasks SET fence = 0 WHERE state = 'running'", "fence_below_attempts"),
+    ("UPDATE replies SET attempts = budget + 1, fence = 99 WHERE state = 'sent'",
+     "reply_attempts_over_budget"),
+    ("UPDATE replies SET status = 'cancelled' WHERE state = 'sent'", "reply_status_mismatch"),
+    ("UPDATE replies SET state = 'dead', last_error = NULL WHERE state = 'pending'",
+     "dead_reply_without_error"),
+    ("DELETE FROM inbox WHERE task_id IN (SELECT task_id FROM tasks WHERE state = 'pending')",
+     "task_without_inbox"),
+    ("UPDATE replies SET body = body || ' ' WHERE state = 'sent'", "reply_fingerprint"),
+    ("UPDATE inbox SET message_id = 'forged' WHERE task_id IN "
+     "(SELECT task_id FROM tasks WHERE state = 'pending')", "task_identity"),
+    ("UPDATE postroom_clock SET high_water = 0", "decided_after_high_water"),
+])
+def test_each_broken_invariant_is_named(busy_store, sql, check):
+    corrupt(busy_store, sql)
+    assert check in checks(busy_store)
+
+
+def test_a_receiver_effect_without_its_receipt_is_named(receiver):
+    body = '{"kind":"result","result":1,"status":"done","task_id":"t"}'
+    receiver.accept("reply:t", body)
+    dialect = receiver.database.dialect
+    with dialect.connection() as conn:
+        dialect.begin(conn, write=True)
+        dialect.execute(conn, "DELETE FROM receiver_receipts", ())
+        dialect.commit(conn)
+    assert [v.check for v in audit_database(receiver.database)] == ["effect_without_receipt"]
+
+
+def test_an_empty_database_is_reported_as_having_no_schema(make_url):
+    assert audit_url(make_url("nothing"))[0].check == "schema"

@@ -1,0 +1,221 @@
+"""SPEC §1-2: identity, authorization, receiving, batches, cursors, retention."""
+
+from __future__ import annotations
+
+import pytest
+
+import postroom
+from postroom.validation import canonical_json, task_id_for
+from tests.support import START, envelope
+
+
+def count_tasks(store: postroom.Store) -> int:
+    return sum(store.info()["tasks"].values())
+
+
+def test_receive_stores_a_pending_task_and_acks_stored(store, auth):
+    ack = store.receive(auth, envelope())
+    assert ack.to_dict() == {"ack": "stored", "task_id": ack.task_id, "duplicate": False}
+    task = store.task(ack.task_id)
+    assert task.state == postroom.TaskState.PENDING
+    assert (task.attempts, task.fence, task.owner, task.lease_until) == (0, 0, None, None)
+    assert store.reply(ack.task_id) is None
+
+
+def test_task_id_is_sha256_of_canonical_principal_and_message_id(store, auth):
+    ack = store.receive(auth, envelope("αβ-1"))
+    assert ack.task_id == task_id_for("planner", "αβ-1")
+    assert canonical_json(["planner", "αβ-1"]) == '["planner","αβ-1"]'
+
+
+def test_a_repeat_is_a_duplicate_with_the_same_task_id_and_writes_nothing(store, auth, clock):
+    first = store.receive(auth, envelope())
+    high_water = store.info()["time_high_water"]
+    clock.advance(60)
+    again = store.receive(auth, envelope())
+    assert again.task_id == first.task_id and again.duplicate
+    assert count_tasks(store) == 1
+    assert store.info()["time_high_water"] == high_water
+
+
+def test_two_principals_may_use_the_same_message_id(store):
+    a = store.receive(postroom.AuthContext(principal="a"), envelope(sender="a"))
+    b = store.receive(postroom.AuthContext(principal="b"), envelope(sender="b"))
+    assert a.task_id != b.task_id and not a.duplicate and not b.duplicate
+
+
+def test_same_identity_with_other_content_is_a_collision_and_leaves_the_task(store, auth):
+    ack = store.receive(auth, envelope(payload={"n": 1}))
+    with pytest.raises(postroom.PayloadCollision):
+        store.receive(auth, envelope(payload={"n": 2}))
+    assert store.task(ack.task_id).payload == {"n": 1}
+
+
+def test_a_changed_deadline_is_other_content(store, auth):
+    store.receive(auth, envelope())
+    with pytest.raises(postroom.PayloadCollision):
+        store.receive(auth, envelope(deadline=START + 7200))
+
+
+def test_an_int_deadline_and_its_float_are_the_same_content(store, auth):
+    store.receive(auth, envelope(deadline=2_000_000))
+    assert store.receive(auth, envelope(deadline=2_000_000.0)).duplicate
+
+
+def test_sender_must_equal_the_principal(store, auth):
+    with pytest.raises(postroom.Unauthorized, match="sender"):
+        store.receive(auth, envelope(sender="someone-else"))
+    assert count_tasks(store) == 0
+
+
+def test_principal_must_be_an_allowed_source(db_url, clock):
+    settings = postroom.Settings(allowed_sources=frozenset({"planner"}))
+    with postroom.open_store(db_url, clock=clock, settings=settings) as store:
+        with pytest.raises(postroom.Unauthorized, match="allowed source"):
+            store.receive(postroom.AuthContext(principal="intruder"),
+                          envelope(sender="intruder"))
+        assert store.receive(postroom.AuthContext(principal="planner"), envelope())
+        assert count_tasks(store) == 1
+
+
+def test_a_result_message_is_refused_from_the_work_queue(store, auth):
+    with pytest.raises(postroom.InvalidEnvelope, match="kind"):
+        store.receive(auth, envelope(kind="result"))
+    assert count_tasks(store) == 0
+
+
+def test_an_expired_message_is_stored_expired_with_its_reply(store, auth, clock):
+    ack = store.receive(auth, envelope(deadline=clock.now()))
+    assert store.task(ack.task_id).state == postroom.TaskState.EXPIRED
+    reply = store.reply(ack.task_id)
+    assert reply is not None and reply.status == postroom.TaskState.EXPIRED
+    assert store.claim("w") is None
+
+
+def test_a_message_at_the_hop_limit_is_stored_hop_limit_with_its_reply(store, auth):
+    ack = store.receive(auth, envelope(hops=store.settings.max_hops))
+    assert store.task(ack.task_id).state == postroom.TaskState.HOP_LIMIT
+    reply = store.reply(ack.task_id)
+    assert reply is not None and reply.document["status"] == "hop_limit"
+
+
+def test_a_message_below_the_hop_limit_is_pending(store, auth):
+    ack = store.receive(auth, envelope(hops=store.settings.max_hops - 1))
+    assert store.task(ack.task_id).state == postroom.TaskState.PENDING
+
+
+def test_receive_batch_keeps_the_committed_prefix_and_names_the_failing_index(store, auth):
+    store.receive(auth, envelope("m-102", payload={"v": "original"}))
+    batch = [envelope("m-101"), envelope("m-102", payload={"v": "changed"}), envelope("m-103")]
+    with pytest.raises(postroom.BatchFailed) as failed:
+        store.receive_batch(auth, batch)
+    assert failed.value.index == 1
+    assert [a.task_id for a in failed.value.acks] == [task_id_for("planner", "m-101")]
+    assert isinstance(failed.value.__cause__, postroom.PayloadCollision)
+    assert count_tasks(store) == 2  # m-101 committed, m-103 never tried
+
+
+def test_replaying_a_batch_prefix_yields_duplicates_not_new_tasks(store, auth):
+    first = store.receive_batch(auth, [envelope("m-1"), envelope("m-2")])
+    again = store.receive_batch(auth, [envelope("m-1"), envelope("m-2"), envelope("m-3")])
+    assert [a.duplicate for a in again] == [True, True, False]
+    assert [a.task_id for a in again[:2]] == [a.task_id for a in first]
+
+
+def test_an_invalid_item_stops_the_batch_at_its_index(store, auth):
+    with pytest.raises(postroom.BatchFailed) as failed:
+        store.receive_batch(auth, [envelope("m-1"), envelope("m-2", max_attempts=0)])
+    assert failed.value.index == 1 and len(failed.value.acks) == 1
+    assert isinstance(failed.value.__cause__, postroom.InvalidEnvelope)
+
+
+def test_receive_atomic_stores_all_in_one_transaction(store, auth):
+    acks = store.receive_atomic(auth, [envelope(f"m-{i}") for i in range(5)])
+    assert [a.duplicate for a in acks] == [False] * 5
+    assert count_tasks(store) == 5
+
+
+def test_receive_atomic_stores_nothing_when_one_item_collides(store, auth):
+    store.receive(auth, envelope("m-2", payload={"v": 1}))
+    with pytest.raises(postroom.PayloadCollision):
+        store.receive_atomic(auth, [envelope("m-1"), envelope("m-2", payload={"v": 2})])
+    assert count_tasks(store) == 1
+
+
+def test_receive_atomic_validates_every_item_before_writing(store, auth):
+    with pytest.raises(postroom.InvalidEnvelope) as refused:
+        store.receive_atomic(auth, [envelope("m-1"), envelope("m-2", hops=-1)])
+    assert refused.value.field == "envelopes[1].hops"
+    assert count_tasks(store) == 0
+
+
+def test_a_duplicate_inside_an_atomic_batch_is_acked_as_a_duplicate(store, auth):
+    acks = store.receive_atomic(auth, [envelope("m-1"), envelope("m-1")])
+    assert [a.duplicate for a in acks] == [False, True]
+
+
+def test_the_watermark_never_passes_a_missing_position(store, auth):
+    def put(seq: int) -> None:
+        store.receive(auth, envelope(f"s-{seq}"),
+                      position=postroom.Position(stream="feed", seq=seq))
+
+    assert store.watermark(auth, "feed") == 0
+    put(1)
+    put(2)
+    put(10)
+    assert store.watermark(auth, "feed") == 2
+    for seq in range(4, 10):
+        put(seq)
+    assert store.watermark(auth, "feed") == 2
+    put(3)
+    assert store.watermark(auth, "feed") == 10
+
+
+def test_watermarks_are_per_principal(store, auth):
+    store.receive(auth, envelope("s-1"), position=postroom.Position(stream="feed", seq=1))
+    other = postroom.AuthContext(principal="other")
+    assert store.watermark(other, "feed") == 0
+
+
+def test_a_position_taken_by_another_message_is_a_collision(store, auth):
+    store.receive(auth, envelope("s-1"), position=postroom.Position(stream="feed", seq=1))
+    with pytest.raises(postroom.PayloadCollision, match="position 1"):
+        store.receive(auth, envelope("s-x"), position=postroom.Position(stream="feed", seq=1))
+    assert count_tasks(store) == 1
+
+
+def test_pruning_forgets_sent_terminal_messages_past_retention(db_url, clock, make_url):
+    settings = postroom.Settings(retention=3600.0)
+    auth = postroom.AuthContext(principal="planner")
+    with postroom.open_store(db_url, clock=clock, settings=settings) as store, \
+            postroom.Receiver.open(make_url("receiver")) as receiver:
+        first = store.receive(auth, envelope(deadline=START + 86_400))
+        store.finish(store.claim("w"), {"ok": True})
+        store.dispatch(postroom.InProcessTransport(receiver))
+        clock.advance(3599)
+        assert store.prune() == 0
+        clock.advance(2)
+        assert store.prune() == 1
+        again = store.receive(auth, envelope(deadline=START + 86_400))
+        assert again.task_id == first.task_id and not again.duplicate
+        assert store.task(again.task_id).state == postroom.TaskState.PENDING
+
+
+def test_pruning_keeps_live_tasks_and_unsent_replies(db_url, clock):
+    settings = postroom.Settings(retention=60.0)
+    auth = postroom.AuthContext(principal="planner")
+    with postroom.open_store(db_url, clock=clock, settings=settings) as store:
+        live = store.receive(auth, envelope("live"))
+        clock.advance(1)
+        unsent = store.receive(auth, envelope("unsent"))
+        claim = store.claim("w")
+        assert claim is not None and claim.task_id == live.task_id
+        store.finish(claim, None)
+        clock.advance(3600)
+        assert store.prune() == 0
+        assert store.task(unsent.task_id).state == postroom.TaskState.PENDING
+        assert store.reply(live.task_id).state == postroom.ReplyState.PENDING
+
+
+def test_info_publishes_the_retention_period(store):
+    assert store.info()["retention_seconds"] == store.settings.retention

@@ -1,0 +1,210 @@
+"""SPEC §4: the outbox, dispatch, delivery outcomes, dead replies and the receiver."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+import postroom
+from postroom import Outcome, ReplyState, TaskState, faults
+from postroom.outbox import AFTER_REMOTE_COMMIT
+from tests.support import envelope
+
+
+class Scripted:
+    """A transport that answers from a script, then delegates to a real one."""
+
+    def __init__(self, inner: postroom.Transport, *answers: Outcome | Exception) -> None:
+        self.inner = inner
+        self.answers = list(answers)
+        self.calls = 0
+
+    def deliver(self, batch: Sequence[postroom.Outgoing]) -> Sequence[Outcome]:
+        self.calls += 1
+        if self.answers:
+            answer = self.answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return [answer] * len(batch)
+        return self.inner.deliver(batch)
+
+
+@pytest.fixture
+def done_task(store, auth):
+    task_id = store.receive(auth, envelope()).task_id
+    store.finish(store.claim("w"), {"answer": 42})
+    return task_id
+
+
+def lose_ack():
+    return faults.armed(AFTER_REMOTE_COMMIT, faults.raising(
+        lambda _: postroom.TransientDeliveryError("ACK lost")))
+
+
+def test_dispatch_delivers_the_reply_once(store, done_task, transport, receiver):
+    report = store.dispatch(transport)
+    assert (report.claimed, report.sent) == (1, 1)
+    reply = store.reply(done_task)
+    assert reply.state == ReplyState.SENT and reply.sent_at is not None
+    assert receiver.effect_count(reply.reply_id) == 1
+
+
+def test_dispatch_with_nothing_due_does_nothing(store, transport):
+    assert store.dispatch(transport) == postroom.DispatchReport()
+
+
+def test_a_lost_ack_is_redelivered_with_the_same_reply_id_and_one_effect(
+        store, done_task, transport, receiver, clock):
+    with lose_ack():
+        assert store.dispatch(transport).retrying == 1
+    reply = store.reply(done_task)
+    assert reply.state == ReplyState.PENDING and "ACK lost" in reply.last_error
+    assert reply.available_at == clock.now() + 5.0
+    clock.advance(5)
+    assert store.dispatch(transport).sent == 1
+    assert store.reply(done_task).reply_id == reply.reply_id
+    assert receiver.effect_count(reply.reply_id) == 1
+
+
+def test_delivery_failures_never_rerun_business_work(store, done_task, transport, clock):
+    task_before = store.task(done_task)
+    with lose_ack():
+        store.dispatch(transport)
+    clock.advance(5)
+    store.dispatch(transport)
+    task_after = store.task(done_task)
+    assert (task_after.state, task_after.attempts, task_after.fence) == (
+        TaskState.DONE, task_before.attempts, task_before.fence)
+    assert store.claim("w") is None
+
+
+def test_transient_failures_until_the_budget_make_the_reply_dead(
+        store, done_task, transport, clock):
+    flaky = Scripted(transport, *[Outcome.transient("HTTP 503")] * 3)
+    for _ in range(3):
+        store.dispatch(flaky)
+        clock.advance(5)
+    reply = store.reply(done_task)
+    assert reply.state == ReplyState.DEAD and reply.attempts == 3
+    assert "budget spent" in reply.last_error and "503" in reply.last_error
+    assert store.dispatch(flaky).claimed == 0
+
+
+def test_a_transport_exception_counts_as_a_transient_failure(store, done_task, transport):
+    report = store.dispatch(Scripted(transport, ConnectionError("refused")))
+    assert report.retrying == 1
+    assert "ConnectionError" in store.reply(done_task).last_error
+
+
+def test_a_collision_makes_the_reply_dead_at_once(store, done_task, transport):
+    store.dispatch(Scripted(transport, Outcome.collision("different content")))
+    reply = store.reply(done_task)
+    assert reply.state == ReplyState.DEAD and reply.attempts == 1
+    assert reply.last_error.startswith("collision")
+
+
+def test_a_permanent_refusal_makes_the_reply_dead(store, done_task, transport):
+    store.dispatch(Scripted(transport, Outcome.permanent("HTTP 410")))
+    assert store.reply(done_task).state == ReplyState.DEAD
+
+
+def test_a_stale_publisher_is_fenced(store, done_task, clock):
+    stale = store.claim_replies("p1")[0]
+    clock.advance(store.settings.dispatch_lease)
+    current = store.claim_replies("p2")[0]
+    assert current.fence == stale.fence + 1
+    with pytest.raises(postroom.Fenced):
+        store.record_delivery(stale, Outcome.delivered())
+    assert store.record_delivery(current, Outcome.delivered()) == ReplyState.SENT
+
+
+def test_an_expired_sending_lease_returns_the_reply_to_pending(store, done_task, clock):
+    store.claim_replies("p1")
+    clock.advance(store.settings.dispatch_lease)
+    report = store.reconcile()
+    assert report.deliveries_recovered == 1
+    reply = store.reply(done_task)
+    assert reply.state == ReplyState.PENDING and "outcome unknown" in reply.last_error
+
+
+def test_an_expired_sending_lease_on_the_last_attempt_is_dead_outcome_unknown(
+        db_url, clock, auth):
+    settings = postroom.Settings(delivery_budget=1)
+    with postroom.open_store(db_url, clock=clock, settings=settings) as store:
+        task_id = store.receive(auth, envelope()).task_id
+        store.finish(store.claim("w"), None)
+        store.claim_replies("p1")
+        clock.advance(settings.dispatch_lease)
+        assert store.reconcile().deliveries_dead == 1
+        reply = store.reply(task_id)
+        assert reply.state == ReplyState.DEAD and "outcome unknown" in reply.last_error
+
+
+def test_requeue_of_a_dead_reply_is_a_recorded_decision_with_same_id_and_content(
+        store, done_task, transport, receiver, clock):
+    store.dispatch(Scripted(transport, Outcome.permanent("HTTP 400")))
+    dead = store.reply(done_task)
+    clock.advance(60)
+    store.requeue_reply(dead.reply_id, operator="ops@example", reason="receiver fixed")
+    [decision] = store.requeues(dead.reply_id)
+    assert (decision.operator, decision.reason, decision.requeued_at) == (
+        "ops@example", "receiver fixed", clock.now())
+    assert (decision.previous_attempts, decision.previous_error) == (1, dead.last_error)
+    assert store.dispatch(transport).sent == 1
+    sent = store.reply(done_task)
+    assert (sent.reply_id, sent.body, sent.fingerprint) == (dead.reply_id, dead.body,
+                                                            dead.fingerprint)
+    assert receiver.effect_count(sent.reply_id) == 1
+
+
+def test_only_a_dead_reply_can_be_requeued(store, done_task):
+    with pytest.raises(postroom.Fenced, match="only a dead reply"):
+        store.requeue_reply("reply:" + done_task, operator="ops", reason="why not")
+    assert store.requeues("reply:" + done_task) == []
+
+
+def test_requeue_of_an_unknown_reply_is_not_found(store):
+    with pytest.raises(postroom.NotFound):
+        store.requeue_reply("reply:nope", operator="ops", reason="typo")
+
+
+def test_batched_dispatch_delivers_many_replies_in_three_commits(store, auth, transport,
+                                                                   receiver):
+    store.receive_atomic(auth, [envelope(f"m-{i}") for i in range(20)])
+    store.finish_batch([(claim, claim.message_id) for claim in store.claim_batch("w", 20)])
+    report = store.dispatch(transport, limit=50)
+    assert (report.claimed, report.sent) == (20, 20)
+    assert receiver.effects_total() == 20
+
+
+def test_a_receiver_counts_one_effect_per_reply_id(receiver):
+    body = '{"kind":"result","result":1,"status":"done","task_id":"t"}'
+    assert receiver.accept("reply:t", body).duplicate is False
+    assert receiver.accept("reply:t", body).duplicate is True
+    assert receiver.effect_count("reply:t") == 1
+
+
+def test_a_receiver_refuses_the_same_reply_id_with_other_content(receiver):
+    receiver.accept("reply:t", '{"kind":"result","result":1,"status":"done","task_id":"t"}')
+    with pytest.raises(postroom.PayloadCollision):
+        receiver.accept("reply:t", '{"kind":"result","result":2,"status":"done","task_id":"t"}')
+    assert receiver.effect_count("reply:t") == 1
+
+
+def test_a_receiver_effect_commits_with_its_receipt(make_url):
+    def effect(tx, document):
+        raise RuntimeError("business system down")
+
+    with postroom.Receiver.open(make_url("receiver"), effect=effect) as receiver:
+        body = '{"kind":"result","result":1,"status":"done","task_id":"t"}'
+        with pytest.raises(RuntimeError):
+            receiver.accept("reply:t", body)
+        assert receiver.receipt("reply:t") is None
+        assert receiver.effect_count("reply:t") == 0
+
+
+def test_a_receiver_refuses_a_reply_id_that_does_not_match_its_body(receiver):
+    with pytest.raises(postroom.InvalidInput, match="task_id"):
+        receiver.accept("reply:other", '{"kind":"result","result":1,"status":"done",'
+                                       '"task_id":"t"}')

@@ -1,0 +1,16 @@
+"""Helpers shared by tests (fixtures live in conftest.py)."""
+
+from __future__ import annotations
+
+import postroom
+
+#: The manual clock's starting time in every test.
+START = 1_000_000.0
+
+
+def envelope(message_id: str = "m-1", **fields: object) -> postroom.Envelope:
+    """An envelope from ``planner`` with a far deadline, overridable field by field."""
+    values: dict[str, object] = {"message_id": message_id, "sender": "planner",
+                                 "payload": {"n": 1}, "deadline": START + 3600}
+    values.update(fields)
+    return postroom.Envelope(**values)  # type: ignore[arg-type]

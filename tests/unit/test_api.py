@@ -1,0 +1,36 @@
+"""The public surface is short, sorted and pinned: changing it is a deliberate act."""
+
+import postroom
+
+PUBLIC = [
+    "Ack", "AuthContext", "BatchFailed", "Claim", "Clock", "Conflict", "DeliveryError",
+    "DispatchReport", "Envelope", "ExponentialBackoff", "Fenced", "FixedBackoff", "FollowUp",
+    "InProcessTransport", "InvalidEnvelope", "InvalidInput", "Limits", "ManualClock",
+    "NotFound", "Outcome", "OutcomeKind", "Outgoing", "PayloadCollision",
+    "PermanentDeliveryError", "Position", "PostroomError", "Receiver", "ReceiverAck",
+    "Reconciled", "Reply", "ReplyClaim", "ReplyState", "Requeue", "SchemaError", "Settings",
+    "Store", "StoreError", "StoreUnavailable", "SystemClock", "Task", "TaskState",
+    "TransientDeliveryError", "Transport", "Unauthorized", "__version__", "open_store",
+]
+
+
+def test_the_public_api_is_exactly_the_pinned_list():
+    assert sorted(postroom.__all__, key=str.lower) == sorted(PUBLIC, key=str.lower)
+
+
+def test_every_public_name_exists_and_is_documented():
+    for name in postroom.__all__:
+        value = getattr(postroom, name)
+        if name != "__version__":
+            assert value.__doc__, f"{name} has no docstring"
+
+
+def test_domain_errors_subclass_the_matching_builtin():
+    assert issubclass(postroom.InvalidEnvelope, ValueError)
+    assert issubclass(postroom.Unauthorized, PermissionError)
+    assert issubclass(postroom.NotFound, LookupError)
+    assert issubclass(postroom.PayloadCollision, postroom.Conflict)
+    for name in postroom.__all__:
+        value = getattr(postroom, name)
+        if isinstance(value, type) and issubclass(value, Exception):
+            assert issubclass(value, postroom.PostroomError)
