@@ -55,11 +55,8 @@ class Receiver:
 
     def accept_batch(self, replies: Sequence[Outgoing]) -> list[Outcome]:
         """Take several replies in one transaction; one outcome per reply, in order."""
-        outcomes: list[Outcome] = []
-        with self._db.transaction(ACCEPT) as tx:
-            for reply in replies:
-                outcomes.append(self._accept_one(tx, reply))
-        return outcomes
+        return self._db.run(ACCEPT, lambda tx: [self._accept_one(tx, reply)
+                                                for reply in replies])
 
     def _accept_one(self, tx: Tx, reply: Outgoing) -> Outcome:
         document = _parse(reply)

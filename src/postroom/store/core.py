@@ -42,7 +42,7 @@ from postroom.models import (
     TaskState,
 )
 from postroom.settings import Settings
-from postroom.store.database import Database, Operation
+from postroom.store.database import Database, Operation, Tx
 from postroom.transitions import reply_id_for
 from postroom.transports import Transport
 from postroom.validation import (
@@ -95,8 +95,8 @@ class Store:
         """Store one message and its task; the ACK is returned only after the commit."""
         checked = inbox.check(self._settings, auth, envelope)
         position = inbox.check_position(self._settings, position)
-        with self._db.transaction(inbox.RECEIVE) as tx:
-            return inbox.store_message(tx, self._settings, checked, position)
+        return self._db.run(inbox.RECEIVE, lambda tx: inbox.store_message(
+            tx, self._settings, checked, position))
 
     def receive_batch(self, auth: AuthContext, envelopes: Sequence[Envelope], *,
                       positions: Sequence[Position | None] | None = None) -> list[Ack]:
@@ -128,9 +128,9 @@ class Store:
                     _indexed(index, inbox.check_position, self._settings, position))
                    for index, (envelope, position) in enumerate(zip(envelopes, places,
                                                                     strict=True))]
-        with self._db.transaction(inbox.RECEIVE_ATOMIC) as tx:
-            return [inbox.store_message(tx, self._settings, item, position)
-                    for item, position in checked]
+        return self._db.run(inbox.RECEIVE_ATOMIC, lambda tx: [
+            inbox.store_message(tx, self._settings, item, position)
+            for item, position in checked])
 
     def watermark(self, auth: AuthContext, stream: str) -> int:
         """The highest ``seq`` of ``stream`` such that every lower one is stored (0: none)."""
@@ -158,15 +158,13 @@ class Store:
         for name in names:
             check_text(name, "queues", max_bytes=limits.text_bytes)
         seconds = self._lease(lease, self._settings.lease)
-        with self._db.transaction(tasks.CLAIM) as tx:
-            return tasks.claim(tx, self._settings, owner=owner, queues=names, limit=limit,
-                               lease=seconds)
+        return self._db.run(tasks.CLAIM, lambda tx: tasks.claim(
+            tx, self._settings, owner=owner, queues=names, limit=limit, lease=seconds))
 
     def renew(self, claim: Claim, *, lease: float | None = None) -> Claim:
         """Extend ``claim``'s lease; returns the claim with its new ``lease_until``."""
         seconds = self._lease(lease, self._settings.lease)
-        with self._db.transaction(tasks.RENEW) as tx:
-            return tasks.renew(tx, claim, lease=seconds)
+        return self._db.run(tasks.RENEW, lambda tx: tasks.renew(tx, claim, lease=seconds))
 
     def finish(self, claim: Claim, result: Any = None, *,
                follow_ups: Sequence[FollowUp] = ()) -> None:
@@ -177,58 +175,55 @@ class Store:
         result_json = check_json(result, "result", limits=self._settings.limits,
                                  require_object=False)
         children = self._follow_ups(claim, follow_ups)
-        with self._db.transaction(tasks.FINISH) as tx:
-            tasks.finish(tx, self._settings, claim, result_json=result_json,
-                         follow_ups=children)
+        self._db.run(tasks.FINISH, lambda tx: tasks.finish(
+            tx, self._settings, claim, result_json=result_json, follow_ups=children))
 
     def finish_batch(self, items: Sequence[tuple[Claim, Any]]) -> None:
         """Finish several claims in one transaction; if any is fenced, none is finished."""
         prepared = [(claim, _indexed(index, check_json, result, "result",
                                      limits=self._settings.limits, require_object=False))
                     for index, (claim, result) in enumerate(items)]
-        with self._db.transaction(tasks.FINISH) as tx:
+
+        def work(tx: Tx) -> None:
             for claim, result_json in prepared:
                 tasks.finish(tx, self._settings, claim, result_json=result_json, follow_ups=())
+
+        self._db.run(tasks.FINISH, work)
 
     def fail(self, claim: Claim, reason: str, *, retryable: bool = True) -> TaskState:
         """Report a failure; returns ``pending`` (retry after backoff) or ``failed``."""
         check_text(reason, "reason", max_bytes=4096)
         delay = self._settings.backoff.delay(claim.attempt, self._rng)
-        with self._db.transaction(tasks.FAIL) as tx:
-            return tasks.fail(tx, self._settings, claim, reason=reason,
-                              retryable=bool(retryable), delay=delay)
+        return self._db.run(tasks.FAIL, lambda tx: tasks.fail(
+            tx, self._settings, claim, reason=reason, retryable=bool(retryable), delay=delay))
 
     def cancel(self, task_id: str, *, reason: str = "cancelled") -> bool:
         """Cancel a pending or running task; ``False`` if it is already terminal."""
         check_text(task_id, "task_id", max_bytes=128)
         check_text(reason, "reason", max_bytes=4096)
-        with self._db.transaction(tasks.CANCEL) as tx:
-            return tasks.cancel(tx, self._settings, task_id, reason=reason)
+        return self._db.run(tasks.CANCEL, lambda tx: tasks.cancel(
+            tx, self._settings, task_id, reason=reason))
 
     def reconcile(self) -> Reconciled:
         """Recover expired leases (tasks and deliveries) and expire passed deadlines.
 
         Runs bounded sweeps (``sweep_limit`` records per transaction) until none is left.
         """
-        totals = tasks.SweepCounts()
-        delivered = [0, 0]
+        totals = Reconciled()
         while True:
-            counts = tasks.SweepCounts()
-            with self._db.transaction(tasks.RECONCILE) as tx:
-                tasks.sweep(tx, self._settings, counts)
-                recovered, dead = outbox.sweep_replies(tx, self._settings)
-            totals.recovered += counts.recovered
-            totals.exhausted += counts.exhausted
-            totals.deadlines_expired += counts.deadlines_expired
-            delivered[0] += recovered
-            delivered[1] += dead
-            if (counts.recovered + counts.exhausted + counts.deadlines_expired + recovered
-                    + dead) == 0:
-                break
-        return Reconciled(leases_recovered=totals.recovered,
-                          attempts_exhausted=totals.exhausted,
-                          deadlines_expired=totals.deadlines_expired,
-                          deliveries_recovered=delivered[0], deliveries_dead=delivered[1])
+            step = self._db.run(tasks.RECONCILE, self._sweep_once)
+            totals = Reconciled(**{name: getattr(totals, name) + getattr(step, name)
+                                   for name in totals.__slots__})
+            if step.total == 0:
+                return totals
+
+    def _sweep_once(self, tx: Tx) -> Reconciled:
+        counts = tasks.SweepCounts()
+        tasks.sweep(tx, self._settings, counts)
+        recovered, dead = outbox.sweep_replies(tx, self._settings)
+        return Reconciled(leases_recovered=counts.recovered, attempts_exhausted=counts.exhausted,
+                          deadlines_expired=counts.deadlines_expired,
+                          deliveries_recovered=recovered, deliveries_dead=dead)
 
     def task(self, task_id: str) -> Task:
         """The task ``task_id`` as stored; ``NotFound`` if there is none."""
@@ -261,29 +256,32 @@ class Store:
         check_text(owner, "owner", max_bytes=self._settings.limits.text_bytes)
         _check_limit(limit)
         seconds = self._lease(lease, self._settings.dispatch_lease)
-        with self._db.transaction(outbox.DISPATCH_CLAIM) as tx:
-            return outbox.claim_replies(tx, self._settings, owner=owner, limit=limit,
-                                        lease=seconds)
+        return self._db.run(outbox.DISPATCH_CLAIM, lambda tx: outbox.claim_replies(
+            tx, self._settings, owner=owner, limit=limit, lease=seconds))
 
     def record_delivery(self, claim: ReplyClaim, outcome: Outcome) -> ReplyState:
         """Record one delivery outcome; ``Fenced`` if another publisher holds the reply."""
         delay = self._settings.delivery_backoff.delay(claim.attempt, self._rng)
-        with self._db.transaction(outbox.DISPATCH_RECORD) as tx:
-            return outbox.record(tx, claim, outcome, delay=delay)
+        return self._db.run(outbox.DISPATCH_RECORD, lambda tx: outbox.record(
+            tx, claim, outcome, delay=delay))
 
     def record_deliveries(self, pairs: Iterable[tuple[ReplyClaim, Outcome]]) -> DispatchReport:
         """Record several outcomes in one transaction; fenced ones are reported, not raised."""
         pairs = list(pairs)
-        counts = {state: 0 for state in ReplyState}
-        fenced: list[str] = []
         delays = [self._settings.delivery_backoff.delay(claim.attempt, self._rng)
                   for claim, _ in pairs]
-        with self._db.transaction(outbox.DISPATCH_RECORD) as tx:
+
+        def work(tx: Tx) -> tuple[dict[ReplyState, int], list[str]]:
+            counts = dict.fromkeys(ReplyState, 0)
+            fenced: list[str] = []
             for (claim, outcome), delay in zip(pairs, delays, strict=True):
                 try:
                     counts[outbox.record(tx, claim, outcome, delay=delay)] += 1
                 except Fenced:
                     fenced.append(claim.reply_id)
+            return counts, fenced
+
+        counts, fenced = self._db.run(outbox.DISPATCH_RECORD, work)
         return DispatchReport(claimed=len(pairs), sent=counts[ReplyState.SENT],
                               retrying=counts[ReplyState.PENDING],
                               dead=counts[ReplyState.DEAD], fenced=fenced)
@@ -305,8 +303,8 @@ class Store:
         """
         check_text(operator, "operator", max_bytes=self._settings.limits.text_bytes)
         check_text(reason, "reason", max_bytes=4096)
-        with self._db.transaction(outbox.REQUEUE) as tx:
-            outbox.requeue(tx, reply_id, operator=operator, reason=reason)
+        self._db.run(outbox.REQUEUE, lambda tx: outbox.requeue(
+            tx, reply_id, operator=operator, reason=reason))
 
     # -- housekeeping ---------------------------------------------------------------------------
 
@@ -317,19 +315,22 @@ class Store:
         """
         pruned = 0
         while True:
-            with self._db.transaction(PRUNE) as tx:
-                cutoff = tx.now - self._settings.retention
-                rows = tx.all("tasks_prunable", cutoff=cutoff, limit=self._settings.sweep_limit)
-                for row in rows:
-                    task_id = row["task_id"]
-                    tx.run("prune_stream_positions", task_id=task_id)
-                    tx.run("prune_requeues", reply_id=reply_id_for(task_id))
-                    tx.run("prune_reply", task_id=task_id)
-                    tx.run("prune_task", task_id=task_id)
-                    tx.run("prune_inbox", task_id=task_id)
-            pruned += len(rows)
-            if len(rows) < self._settings.sweep_limit:
+            count = self._db.run(PRUNE, self._prune_once)
+            pruned += count
+            if count < self._settings.sweep_limit:
                 return pruned
+
+    def _prune_once(self, tx: Tx) -> int:
+        cutoff = tx.now - self._settings.retention
+        rows = tx.all("tasks_prunable", cutoff=cutoff, limit=self._settings.sweep_limit)
+        for row in rows:
+            task_id = row["task_id"]
+            tx.run("prune_stream_positions", task_id=task_id)
+            tx.run("prune_requeues", reply_id=reply_id_for(task_id))
+            tx.run("prune_reply", task_id=task_id)
+            tx.run("prune_task", task_id=task_id)
+            tx.run("prune_inbox", task_id=task_id)
+        return len(rows)
 
     def info(self) -> dict[str, Any]:
         """Settings, schema version and counts, for ``postroom info``."""

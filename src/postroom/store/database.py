@@ -12,17 +12,20 @@ Every write postroom makes goes through ``Database.transaction(operation)``, whi
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from postroom import faults
 from postroom.clock import Clock
-from postroom.errors import PostroomError, SchemaError
+from postroom.errors import PostroomError, SchemaError, StoreUnavailable
 from postroom.store.dialect import Dialect, Row
 from postroom.store.queries import QuerySet
 
 __all__ = ["Database", "Operation", "Tx"]
+
+T = TypeVar("T")
 
 
 class Operation:
@@ -116,45 +119,62 @@ class Database:
         self._track_time = track_time
 
     @contextmanager
-    def transaction(self, op: Operation) -> Iterator[Tx]:
-        """A write transaction named ``op``; see the module docstring."""
+    def _open(self, *, write: bool) -> Iterator[Any]:
+        """A connection inside a transaction; any failure rolls back, driver errors translated."""
         dialect = self.dialect
         with dialect.connection() as conn:
-            tx = Tx(conn, dialect, op)
             try:
-                dialect.begin(conn, write=True)
-                tx.now = (dialect.decision_time(tx, self.clock) if self._track_time
-                          else self.clock.now())
-                yield tx
-                if self._track_time:
-                    dialect.record_time(tx)
-                faults.hit(op.before)
-                dialect.commit(conn)
+                dialect.begin(conn, write=write)
+                yield conn
             except dialect.driver_error as exc:
                 dialect.rollback(conn)
                 raise dialect.translate(exc) from exc
             except BaseException:
                 dialect.rollback(conn)
                 raise
+
+    @contextmanager
+    def transaction(self, op: Operation) -> Iterator[Tx]:
+        """A write transaction named ``op``; see the module docstring."""
+        dialect = self.dialect
+        with self._open(write=True) as conn:
+            tx = Tx(conn, dialect, op)
+            tx.now = (dialect.decision_time(tx, self.clock) if self._track_time
+                      else self.clock.now())
+            yield tx
+            if self._track_time:
+                dialect.record_time(tx)
+            faults.hit(op.before)
+            dialect.commit(conn)
         faults.hit(op.after)
+
+    def run(self, op: Operation, work: Callable[[Tx], T]) -> T:
+        """Run ``work(tx)`` in a write transaction named ``op`` and return its result.
+
+        If the transaction fails with ``StoreUnavailable`` and the dialect says the failure
+        left nothing behind (``retry_delay`` returns a delay), ``work`` runs again in a new
+        transaction; ``work`` must therefore do nothing outside the transaction.
+        """
+        attempt = 0
+        while True:
+            try:
+                with self.transaction(op) as tx:
+                    return work(tx)
+            except StoreUnavailable as exc:
+                delay = self.dialect.retry_delay(exc, attempt)
+                if delay is None:
+                    raise
+                attempt += 1
+                time.sleep(delay)
 
     @contextmanager
     def read(self) -> Iterator[Tx]:
         """A read-only transaction: one consistent snapshot, no fault points."""
-        dialect = self.dialect
-        with dialect.connection() as conn:
-            tx = Tx(conn, dialect, None)
-            try:
-                dialect.begin(conn, write=False)
-                tx.now = self.clock.now()
-                yield tx
-                dialect.rollback(conn)
-            except dialect.driver_error as exc:
-                dialect.rollback(conn)
-                raise dialect.translate(exc) from exc
-            except BaseException:
-                dialect.rollback(conn)
-                raise
+        with self._open(write=False) as conn:
+            tx = Tx(conn, self.dialect, None)
+            tx.now = self.clock.now()
+            yield tx
+            self.dialect.rollback(conn)
 
     def migrate(self, component: str) -> int:
         """Create or upgrade ``component``'s schema; return its version.
@@ -164,37 +184,29 @@ class Database:
         dialect = self.dialect
         migrations = dialect.migrations(component)
         latest = migrations[-1][0] if migrations else 0
-        with dialect.connection() as conn:
-            try:
-                dialect.begin(conn, write=True)
-                dialect.execute_script(conn, _SCHEMA_TABLE)
-                cursor = dialect.execute(
-                    conn, dialect.convert(
-                        "SELECT version FROM postroom_schema WHERE component = :component"),
-                    {"component": component})
-                row = cursor.fetchone()
-                current = int(row["version"]) if row is not None else 0
-                if current > latest:
-                    raise SchemaError(
-                        f"{component} schema is at version {current}; this postroom knows "
-                        f"up to {latest}: upgrade postroom before opening this database")
-                for version, script in migrations:
-                    if version > current:
-                        dialect.execute_script(conn, script)
-                if latest > current:
-                    dialect.execute(conn, dialect.convert(
-                        "INSERT INTO postroom_schema (component, version) "
-                        "VALUES (:component, :version) ON CONFLICT (component) "
-                        "DO UPDATE SET version = excluded.version"),
-                        {"component": component, "version": latest})
-                faults.hit(_MIGRATE.before)
-                dialect.commit(conn)
-            except dialect.driver_error as exc:
-                dialect.rollback(conn)
-                raise dialect.translate(exc) from exc
-            except BaseException:
-                dialect.rollback(conn)
-                raise
+        with self._open(write=True) as conn:
+            dialect.execute_script(conn, _SCHEMA_TABLE)
+            cursor = dialect.execute(
+                conn, dialect.convert(
+                    "SELECT version FROM postroom_schema WHERE component = :component"),
+                {"component": component})
+            row = cursor.fetchone()
+            current = int(row["version"]) if row is not None else 0
+            if current > latest:
+                raise SchemaError(
+                    f"{component} schema is at version {current}; this postroom knows "
+                    f"up to {latest}: upgrade postroom before opening this database")
+            for version, script in migrations:
+                if version > current:
+                    dialect.execute_script(conn, script)
+            if latest > current:
+                dialect.execute(conn, dialect.convert(
+                    "INSERT INTO postroom_schema (component, version) "
+                    "VALUES (:component, :version) ON CONFLICT (component) "
+                    "DO UPDATE SET version = excluded.version"),
+                    {"component": component, "version": latest})
+            faults.hit(_MIGRATE.before)
+            dialect.commit(conn)
         faults.hit(_MIGRATE.after)
         return latest
 

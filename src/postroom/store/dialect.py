@@ -102,6 +102,13 @@ class Dialect(ABC):
         if tx.wrote and tx.now > tx.high_water:
             tx.run("clock_advance", now=tx.now)
 
+    def retry_delay(self, exc: PostroomError, attempt: int) -> float | None:
+        """Seconds to wait before running a failed transaction again, or ``None`` to raise.
+
+        Only for failures that certainly left nothing behind (the default: never retry).
+        """
+        return None
+
     def notify(self, tx: Tx, channel: str) -> None:  # noqa: B027 - optional hook
         """Announce new work on ``channel`` when ``tx`` commits (no-op where unsupported)."""
 
