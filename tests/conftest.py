@@ -1,7 +1,11 @@
 """Shared fixtures: a fresh real database per test, a manual clock, helpers.
 
 ``db_url`` is parametrized over the backends under test (``POSTROOM_BACKENDS``, default:
-every backend this machine has). Each test gets databases of its own.
+``sqlite,postgres``). Each test gets databases of its own: a temporary SQLite file, or a
+PostgreSQL schema created for it and dropped afterwards (see ``tests/pg.py``).
+
+PostgreSQL tests are skipped, visibly, only when the server is unreachable and ``CI`` is not
+set; under ``CI=true`` an unreachable server fails them.
 """
 
 from __future__ import annotations
@@ -14,21 +18,33 @@ import pytest
 
 import postroom
 from postroom import faults
+from tests import pg
 from tests.support import START
 
 
 def backends() -> list[str]:
     """The backends the suite runs against."""
-    chosen = os.environ.get("POSTROOM_BACKENDS", "sqlite")
+    chosen = os.environ.get("POSTROOM_BACKENDS", "sqlite,postgres")
     return [name.strip() for name in chosen.split(",") if name.strip()]
+
+
+def require_postgres() -> None:
+    """Skip (or, under CI, fail) the calling test when PostgreSQL cannot be reached."""
+    problem = pg.problem()
+    if problem is None:
+        return
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"{problem} (CI requires PostgreSQL)", pytrace=False)
+    pytest.skip(problem)
 
 
 class UrlFactory:
     """Creates fresh, empty databases of one backend and drops them afterwards."""
 
-    def __init__(self, backend: str, folder: Path) -> None:
+    def __init__(self, backend: str, folder: Path, *, admin_url: str = pg.ADMIN_URL) -> None:
         self.backend = backend
         self._folder = folder
+        self._admin_url = admin_url
         self._count = 0
         self._cleanups: list[Callable[[], None]] = []
 
@@ -36,6 +52,10 @@ class UrlFactory:
         self._count += 1
         if self.backend == "sqlite":
             return f"sqlite:///{self._folder / f'{name}-{self._count}.db'}"
+        if self.backend == "postgres":
+            url = pg.create_schema(name, self._admin_url)
+            self._cleanups.append(lambda: pg.drop_schema(url))
+            return url
         raise pytest.UsageError(f"unknown backend {self.backend!r}")
 
     def cleanup(self) -> None:
@@ -45,6 +65,8 @@ class UrlFactory:
 
 @pytest.fixture(params=backends())
 def backend(request: pytest.FixtureRequest) -> str:
+    if request.param == "postgres":
+        require_postgres()
     return str(request.param)
 
 

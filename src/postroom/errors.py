@@ -15,7 +15,8 @@ Every error postroom raises on purpose is a ``PostroomError``::
     │   ├── TransientDeliveryError                      try again later (ACK lost, timeout, 5xx)
     │   └── PermanentDeliveryError                      will never succeed as sent (4xx)
     └── StoreError                                      the database, translated at the boundary
-        ├── StoreUnavailable                            transient: locked, busy, connection lost
+        ├── StoreUnavailable                            transient, nothing committed: safe to retry
+        ├── OutcomeUnknown                              the connection died during COMMIT
         └── SchemaError                                 missing or newer schema than this code
 
 Database driver exceptions never escape: the store translates them with ``raise ... from exc``.
@@ -37,6 +38,7 @@ __all__ = [
     "InvalidEnvelope",
     "InvalidInput",
     "NotFound",
+    "OutcomeUnknown",
     "PayloadCollision",
     "PermanentDeliveryError",
     "PostroomError",
@@ -136,7 +138,18 @@ class StoreError(PostroomError):
 
 
 class StoreUnavailable(StoreError):
-    """A transient database condition (locked, busy, connection lost); safe to retry."""
+    """A transient database condition (locked, busy, connection lost); safe to retry.
+
+    Raised only when the transaction certainly committed nothing: a retry cannot double it.
+    """
+
+
+class OutcomeUnknown(StoreError):
+    """The connection was lost while COMMIT was in flight and its fate could not be learned.
+
+    The operation may or may not have taken effect. Read the record back before acting again;
+    postroom's idempotent operations (``receive``, delivery) may simply be repeated.
+    """
 
 
 class SchemaError(StoreError):

@@ -6,7 +6,7 @@ PUBLIC = [
     "Ack", "AuthContext", "BatchFailed", "Claim", "Clock", "Conflict", "DeliveryError",
     "DispatchReport", "Envelope", "ExponentialBackoff", "Fenced", "FixedBackoff", "FollowUp",
     "InProcessTransport", "InvalidEnvelope", "InvalidInput", "Limits", "ManualClock",
-    "NotFound", "Outcome", "OutcomeKind", "Outgoing", "PayloadCollision",
+    "NotFound", "Outcome", "OutcomeKind", "OutcomeUnknown", "Outgoing", "PayloadCollision",
     "PermanentDeliveryError", "Position", "PostroomError", "Receiver", "ReceiverAck",
     "Reconciled", "Reply", "ReplyClaim", "ReplyState", "Requeue", "SchemaError", "Settings",
     "Store", "StoreError", "StoreUnavailable", "SystemClock", "Task", "TaskState",

@@ -27,7 +27,7 @@ def dialect_for_url(url: str) -> Dialect:
         return SQLiteDialect(Path(path))
     if url.startswith(("postgresql://", "postgres://")):
         try:
-            from postroom.store.postgres import PostgresDialect  # type: ignore[import-not-found]
+            from postroom.store.postgres import PostgresDialect
         except ImportError as exc:  # pragma: no cover - depends on the installed extras
             raise InvalidInput("url", "PostgreSQL needs the 'postgres' extra: "
                                       "pip install 'postroom[postgres]'") from exc

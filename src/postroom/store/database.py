@@ -5,8 +5,9 @@ Every write postroom makes goes through ``Database.transaction(operation)``, whi
 1. takes a connection and opens a write transaction,
 2. fixes the transaction's decision time (``tx.now``) from the clock and the high-water mark,
 3. runs the caller's statements,
-4. persists the high-water if anything was written, passes ``<op>.before_commit``, commits,
-   passes ``<op>.after_commit``,
+4. persists the high-water if anything was written, lets the dialect emit the wake-ups the
+   transaction announced (``Tx.notify``), passes ``<op>.before_commit``, commits, wakes this
+   process's waiters, passes ``<op>.after_commit``,
 5. rolls back on any exception and translates driver errors into postroom's tree.
 """
 
@@ -49,7 +50,8 @@ _MIGRATE = Operation("migrate")
 class Tx:
     """One open transaction. Statements are run by query name with keyword parameters."""
 
-    __slots__ = ("_conn", "_dialect", "_queries", "high_water", "now", "op", "wrote")
+    __slots__ = ("_conn", "_dialect", "_queries", "channels", "high_water", "now", "op",
+                 "wrote")
 
     def __init__(self, conn: Any, dialect: Dialect, op: Operation | None) -> None:
         self._conn = conn
@@ -59,6 +61,12 @@ class Tx:
         self.now = 0.0
         self.high_water = 0.0
         self.wrote = False
+        self.channels: set[str] = set()
+
+    @property
+    def conn(self) -> Any:
+        """The dialect's connection this transaction runs on (for dialect hooks)."""
+        return self._conn
 
     def one(self, name: str, **params: Any) -> Row | None:
         """The first row of query ``name``, or ``None``."""
@@ -105,8 +113,12 @@ class Tx:
         return self._dialect.execute(self._conn, sql, params)
 
     def notify(self, channel: str) -> None:
-        """Announce new work on ``channel`` once this transaction commits."""
-        self._dialect.notify(self, channel)
+        """Announce new work on ``channel`` once this transaction commits.
+
+        Announcements are collected: each channel is emitted once per transaction, and only
+        if the transaction commits.
+        """
+        self.channels.add(channel)
 
 
 class Database:
@@ -140,12 +152,14 @@ class Database:
         with self._open(write=True) as conn:
             tx = Tx(conn, dialect, op)
             tx.now = (dialect.decision_time(tx, self.clock) if self._track_time
-                      else self.clock.now())
+                      else dialect.current_time(tx, self.clock))
             yield tx
             if self._track_time:
                 dialect.record_time(tx)
+            dialect.before_commit(tx)
             faults.hit(op.before)
             dialect.commit(conn)
+            dialect.after_commit(tx)
         faults.hit(op.after)
 
     def run(self, op: Operation, work: Callable[[Tx], T]) -> T:
@@ -172,19 +186,22 @@ class Database:
         """A read-only transaction: one consistent snapshot, no fault points."""
         with self._open(write=False) as conn:
             tx = Tx(conn, self.dialect, None)
-            tx.now = self.clock.now()
+            tx.now = self.dialect.current_time(tx, self.clock)
             yield tx
             self.dialect.rollback(conn)
 
-    def migrate(self, component: str) -> int:
+    def migrate(self, component: str, *, target: int | None = None) -> int:
         """Create or upgrade ``component``'s schema; return its version.
 
-        Raises ``SchemaError`` if the database holds a newer version than this code knows.
+        ``target`` stops at an older version (to test upgrades from it). Raises
+        ``SchemaError`` if the database holds a newer version than this code knows.
         """
         dialect = self.dialect
-        migrations = dialect.migrations(component)
+        migrations = [(version, script) for version, script in dialect.migrations(component)
+                      if target is None or version <= target]
         latest = migrations[-1][0] if migrations else 0
         with self._open(write=True) as conn:
+            dialect.lock_migrations(conn)
             dialect.execute_script(conn, _SCHEMA_TABLE)
             cursor = dialect.execute(
                 conn, dialect.convert(
@@ -218,7 +235,9 @@ class Database:
                     "SELECT version FROM postroom_schema WHERE component = :component"),
                     {"component": component})
                 row = cursor.fetchone()
-        except PostroomError:
+        except StoreUnavailable:
+            raise
+        except PostroomError:  # no postroom_schema table: nothing of postroom's is here
             return 0
         return int(row["version"]) if row is not None else 0
 

@@ -5,9 +5,12 @@ named queries). A dialect provides only:
 
 - connections and transaction boundaries (``connection``, ``begin``, ``commit``, ``rollback``),
 - the parameter style and the query fragments that differ (``convert``, ``fragments``),
-- the time authority and how its high-water mark is kept (``decision_time``, ``record_time``),
-- error classification (``translate``) and the driver's error base (``driver_error``),
-- wake-ups after a commit (``notify``), schema scripts and query plans (``explain``).
+- the time source (``default_clock``, ``source_time``, ``current_time``) and which row of the
+  time high-water a connection advances (``clock_shard``),
+- error classification (``translate``), the driver's error base (``driver_error``) and which
+  failures are retried (``retry_delay``),
+- the last statements of a write transaction (``before_commit``: e.g. emitting wake-ups),
+  wake-ups for waiters (``wakeups``, ``listen``), migration locking and query plans.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from postroom.clock import Clock, SystemClock
 from postroom.store.queries import QuerySet, load_queries
+from postroom.store.wakeups import Wakeups
 
 if TYPE_CHECKING:
     from postroom.errors import PostroomError
@@ -91,16 +95,34 @@ class Dialect(ABC):
         """The query plan of ``sql`` as lines of text."""
 
     def decision_time(self, tx: Tx, clock: Clock) -> float:
-        """The time a write transaction decides with: never below the persisted high-water."""
+        """The time a write transaction decides with: never below the persisted high-water.
+
+        The high-water is the greatest of the ``postroom_clock`` rows (one row on SQLite,
+        several on PostgreSQL, see ``clock_shard``); it is read in the transaction's first
+        statement, so it includes every decision committed before this transaction began.
+        """
         row = tx.one("clock_read")
-        high_water = float(row["high_water"]) if row is not None else 0.0
+        high_water = (float(row["high_water"])
+                      if row is not None and row["high_water"] is not None else 0.0)
         tx.high_water = high_water
-        return max(clock.now(), high_water)
+        return max(self.source_time(clock, row), high_water)
+
+    def source_time(self, clock: Clock, row: Row | None) -> float:
+        """The time source's reading for a decision (``row`` is the ``clock_read`` row)."""
+        return clock.now()
+
+    def current_time(self, tx: Tx, clock: Clock) -> float:
+        """The source's time for a transaction that keeps no high-water (reads, receivers)."""
+        return clock.now()
+
+    def clock_shard(self, tx: Tx) -> int:
+        """Which ``postroom_clock`` row this transaction's decision time is recorded in."""
+        return 1
 
     def record_time(self, tx: Tx) -> None:
         """Persist the time a transaction used, if it wrote anything and time moved forward."""
         if tx.wrote and tx.now > tx.high_water:
-            tx.run("clock_advance", now=tx.now)
+            tx.run("clock_advance", now=tx.now, shard=self.clock_shard(tx))
 
     def retry_delay(self, exc: PostroomError, attempt: int) -> float | None:
         """Seconds to wait before running a failed transaction again, or ``None`` to raise.
@@ -109,8 +131,31 @@ class Dialect(ABC):
         """
         return None
 
-    def notify(self, tx: Tx, channel: str) -> None:  # noqa: B027 - optional hook
-        """Announce new work on ``channel`` when ``tx`` commits (no-op where unsupported)."""
+    def before_commit(self, tx: Tx) -> None:  # noqa: B027 - optional hook
+        """The write transaction's last step before COMMIT (its time is already recorded).
+
+        A dialect with cross-process wake-ups emits ``tx.channels`` here, so they are sent
+        if and only if the transaction commits.
+        """
+
+    def after_commit(self, tx: Tx) -> None:
+        """Wake this process's waiters for the channels ``tx`` announced (it committed)."""
+        if tx.channels:
+            self.wakeups.announce(tx.channels)
+
+    @cached_property
+    def wakeups(self) -> Wakeups:
+        """The hub that wakes this database's waiters in this process."""
+        return Wakeups()
+
+    def listen(self) -> None:  # noqa: B027 - optional hook
+        """Start hearing other processes' announcements (where the backend can carry them).
+
+        Returns once listening (or once it is clear that only polling will find work).
+        """
+
+    def lock_migrations(self, conn: Any) -> None:  # noqa: B027 - optional hook
+        """Keep concurrent migrations of one database apart (inside the open transaction)."""
 
     def migrations(self, component: str) -> list[tuple[int, str]]:
         """``(version, script)`` of every migration of ``component``, in order."""

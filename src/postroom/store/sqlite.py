@@ -33,7 +33,9 @@ class SQLiteDialect(Dialect):
     """A single SQLite database file, shared by threads through one locked connection."""
 
     name: ClassVar[str] = "sqlite"
-    fragments: ClassVar[Mapping[str, str]] = {"skip_locked": ""}
+    # The one writer holds the whole database, so there is nothing to skip; and the host's
+    # clock is the only clock there is.
+    fragments: ClassVar[Mapping[str, str]] = {"skip_locked": "", "server_time": "NULL"}
     driver_error: ClassVar[type[BaseException]] = sqlite3.Error
 
     def __init__(self, path: str | Path, *, busy_timeout: float = 30.0,

@@ -88,12 +88,11 @@ LEFT JOIN tasks ON tasks.task_id = inbox.task_id
 WHERE tasks.task_id IS NULL
 
 -- name: audit_store_decided_after_high_water
--- No decision used a time later than the persisted high-water mark.
+-- No decision used a time later than the persisted high-water mark (its greatest row).
 SELECT tasks.task_id AS identity,
-       'updated_at ' || tasks.updated_at || ' > high water ' || postroom_clock.high_water
-       AS detail
-FROM tasks, postroom_clock
-WHERE postroom_clock.id = 1 AND tasks.updated_at > postroom_clock.high_water
+       'updated_at ' || tasks.updated_at || ' > high water ' || clock.high_water AS detail
+FROM tasks, (SELECT max(high_water) AS high_water FROM postroom_clock) AS clock
+WHERE tasks.updated_at > clock.high_water
 
 -- name: audit_store_requeue_without_reply
 -- Every requeue decision belongs to a reply.

@@ -17,11 +17,13 @@ SELECT * FROM replies WHERE task_id = :task_id
 SELECT * FROM replies WHERE reply_id = :reply_id
 
 -- name: replies_lease_expired
--- Replies whose publisher's lease ran out while sending, oldest first (bounded sweep).
+-- Replies whose publisher's lease ran out while sending, oldest first (bounded sweep,
+-- locked rows skipped).
 SELECT reply_id, fence, attempts, budget FROM replies
 WHERE state = 'sending' AND lease_until <= :now
 ORDER BY lease_until
 LIMIT :limit
+{skip_locked}
 
 -- name: claim_replies
 -- Pick up to :limit replies due for delivery, oldest first, and mark them sending.

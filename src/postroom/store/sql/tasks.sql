@@ -3,12 +3,13 @@
 -- up as zero rows, never as an overwrite.
 
 -- name: clock_read
--- The persisted time high-water mark.
-SELECT high_water FROM postroom_clock WHERE id = 1
+-- The persisted time high-water mark (the greatest of its rows) and the database server's own
+-- clock, for a dialect whose server is the time authority.
+SELECT max(high_water) AS high_water, {server_time} AS server_now FROM postroom_clock
 
 -- name: clock_advance
--- Move the high-water mark forward (never back).
-UPDATE postroom_clock SET high_water = :now WHERE id = 1 AND high_water < :now
+-- Move one row of the high-water mark forward (never back).
+UPDATE postroom_clock SET high_water = :now WHERE id = :shard AND high_water < :now
 
 -- name: inbox_insert
 -- Store an accepted message unless its identity is already stored.
@@ -55,7 +56,7 @@ ON CONFLICT (principal, stream) DO NOTHING
 -- The first position above the watermark that is not stored yet (the watermark's new value
 -- is one below it). Bounded by the number of out-of-order positions already stored.
 WITH RECURSIVE run(seq) AS (
-    SELECT :watermark + 1
+    SELECT CAST(:watermark AS BIGINT) + 1
     UNION ALL
     SELECT run.seq + 1 FROM run
     WHERE EXISTS (SELECT 1 FROM stream_positions p
@@ -94,18 +95,21 @@ RETURNING tasks.task_id, tasks.principal, tasks.message_id, tasks.queue, tasks.p
           tasks.lease_until
 
 -- name: tasks_lease_expired
--- Running tasks whose lease ran out, oldest first (bounded sweep).
+-- Running tasks whose lease ran out, oldest first (bounded sweep). Where rows can be locked,
+-- they are, and rows another sweeper or owner holds are left to it.
 SELECT task_id, fence, attempts, max_attempts FROM tasks
 WHERE state = 'running' AND lease_until <= :now
 ORDER BY lease_until
 LIMIT :limit
+{skip_locked}
 
 -- name: tasks_deadline_passed
--- Live tasks whose deadline passed, oldest first (bounded sweep).
+-- Live tasks whose deadline passed, oldest first (bounded sweep, locked rows skipped).
 SELECT task_id, state, fence, deadline FROM tasks
 WHERE state IN ('pending', 'running') AND deadline <= :now
 ORDER BY deadline
 LIMIT :limit
+{skip_locked}
 
 -- name: task_get
 -- One task, whole.

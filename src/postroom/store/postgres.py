@@ -1,0 +1,465 @@
+"""PostgreSQL: one database shared by workers, dispatchers and services on many hosts.
+
+psycopg 3 with a ``psycopg_pool`` connection pool. The rules are the shared named queries;
+this module only supplies what PostgreSQL does differently:
+
+**Claiming.** ``{skip_locked}`` becomes ``FOR UPDATE SKIP LOCKED``: a claim locks the head of
+the partial index of claimable rows and skips rows another worker holds, then one guarded
+``UPDATE ... RETURNING`` applies it. Sweeps lock (and skip) the same way, so two sweepers never
+queue behind each other, and a row locked under READ COMMITTED is re-checked against its newest
+version before it is returned (a lease renewed meanwhile is no longer "expired").
+
+**Time.** The server's ``clock_timestamp()`` is the time authority (``ServerClock``), so hosts
+with skewed clocks agree; tests pass a ``ManualClock`` instead. Decisions never go below the
+persisted high-water, which is kept in ``_CLOCK_SHARDS`` rows of ``postroom_clock`` rather
+than one: a writing transaction advances only the row of its connection (``clock_shard``), so
+workers do not queue on one hot row, while a decision reads the greatest of all rows. Why that
+keeps "never earlier than a committed decision" under READ COMMITTED: the read of the rows and
+of the server clock is the transaction's first statement, and a READ COMMITTED statement sees
+every transaction that committed before it started. A decision D that committed earlier wrote
+its time into some row before its COMMIT, so the greatest row already includes it and the new
+decision time is at least D's. Transactions that overlap in time are concurrent: neither saw
+the other's decision, and any row both touch is serialized by its row lock and re-checked by
+the guarded statement, which compares against the row as the winner left it.
+
+**Commits.** Every write transaction notes its transaction id just before COMMIT (with the
+wake-ups it emits, in the same statement). If the connection dies while COMMIT is in flight,
+the outcome is looked up on a fresh connection with ``pg_xact_status``: committed means the
+work is done and its result is returned as usual; aborted means nothing happened and the
+transaction may be run again; if the server cannot be asked in time the caller gets
+``OutcomeUnknown``, never a silent retry that could apply a transition twice.
+
+**Wake-ups.** ``Tx.notify`` channels are sent with ``pg_notify`` inside the transaction, once
+per channel, so listeners hear of work only if it committed. A store has one NOTIFY channel,
+named after its schema (two stores in one database do not wake each other), and the payload
+names the postroom channel (a queue, or the replies). Each store has one listening
+connection (started by the first ``Store.waiter``) that feeds the process's ``Wakeups`` hub;
+after it (re)connects it wakes every waiter, because announcements made while it was deaf
+are lost and only a poll can find their work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import re
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import psycopg
+import psycopg.errors
+from psycopg import sql
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from postroom.clock import Clock
+from postroom.errors import (
+    Conflict,
+    OutcomeUnknown,
+    PostroomError,
+    StoreError,
+    StoreUnavailable,
+)
+from postroom.store.dialect import Dialect, Row
+
+if TYPE_CHECKING:
+    from postroom.store.database import Tx
+
+__all__ = ["PostgresDialect", "ServerClock"]
+
+#: Rows of the time high-water (the migration creates exactly these ids: 0 .. N-1).
+_CLOCK_SHARDS = 64
+#: Taken (with the schema's hash) by migrations, so that processes opening a fresh store
+#: together create it once.
+_MIGRATION_LOCK = 70_520_137
+#: Server states that mean "this session is gone" rather than "this statement failed".
+_SESSION_ENDED = {"57P01", "57P02", "57P03", "25P03"}
+
+_PARAMETER = re.compile(r"'(?:[^']|'')*'|\"[^\"]*\"|--[^\n]*|::|:([A-Za-z_]\w*)|%")
+
+
+class ServerClock:
+    """The PostgreSQL server's clock, the time authority of a shared store.
+
+    Inside a transaction the store reads it in the same statement as the time high-water;
+    ``now()`` asks the server on a connection of its own.
+    """
+
+    def __init__(self, dialect: PostgresDialect) -> None:
+        self._dialect = dialect
+
+    def now(self) -> float:
+        """The server's current time in seconds since the Unix epoch."""
+        dialect = self._dialect
+        with dialect.connection() as session:
+            try:
+                row = _one(dialect.execute(session, _SERVER_NOW, None))
+            except psycopg.Error as exc:
+                raise dialect.translate(exc) from exc
+            finally:
+                dialect.rollback(session)
+        return float(row["now"])
+
+    def __repr__(self) -> str:
+        return "ServerClock()"
+
+
+_SERVER_NOW = "SELECT CAST(extract(epoch FROM clock_timestamp()) AS DOUBLE PRECISION) AS now"
+_BEFORE_COMMIT = (
+    "SELECT CAST(pg_current_xact_id_if_assigned() AS TEXT) AS xid, "
+    "(SELECT count(pg_notify(%(channel)s, payload)) "
+    " FROM unnest(CAST(%(payloads)s AS TEXT[])) AS payload) AS notified")
+
+
+class _Session:
+    """One pooled connection lent for one transaction, and what a lost COMMIT needs."""
+
+    __slots__ = ("pg", "resolvable", "xid")
+
+    def __init__(self, pg: psycopg.Connection[Any]) -> None:
+        self.pg = pg
+        self.resolvable = False  # before_commit ran: ``xid`` is known (None: nothing written)
+        self.xid: str | None = None
+
+
+class PostgresDialect(Dialect):
+    """A PostgreSQL database reached through a pool of connections.
+
+    ``max_size`` bounds this process's connections; ``idle_in_transaction_timeout`` is set on
+    every postroom session so that a process frozen mid-transaction cannot hold row locks
+    for longer (the server ends its session and its transaction rolls back).
+    """
+
+    name: ClassVar[str] = "postgres"
+    fragments: ClassVar[Mapping[str, str]] = {
+        "skip_locked": "FOR UPDATE SKIP LOCKED",
+        "server_time": "CAST(extract(epoch FROM clock_timestamp()) AS DOUBLE PRECISION)",
+    }
+    driver_error: ClassVar[type[BaseException]] = psycopg.Error
+
+    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8,
+                 connect_timeout: float = 10.0, idle_in_transaction_timeout: float = 60.0,
+                 retries: int = 8, resolve_timeout: float = 30.0) -> None:
+        self.url = url
+        self._connect_timeout = connect_timeout
+        self._idle_ms = max(1, int(idle_in_transaction_timeout * 1000))
+        self._retries = retries
+        self._resolve_timeout = resolve_timeout
+        self._listener: _Listener | None = None
+        self._listener_lock = threading.Lock()
+        self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+            url, min_size=min_size, max_size=max_size, open=False, timeout=connect_timeout,
+            name="postroom", configure=self._configure,
+            kwargs={"row_factory": dict_row, "autocommit": False,
+                    "connect_timeout": max(1, int(connect_timeout)),
+                    "application_name": "postroom"})
+        try:
+            self._pool.open(wait=True, timeout=connect_timeout)
+        except PoolTimeout as exc:
+            self._pool.close()
+            raise StoreUnavailable(f"postgres: no connection to {_redacted(url)} within "
+                                   f"{connect_timeout:g}s") from exc
+        with self.connection() as session:
+            schema = str(_one(self.execute(session, "SELECT current_schema() AS name",
+                                           None))["name"])
+            self.rollback(session)
+        #: The NOTIFY channel of this store (PostgreSQL caps names at 63 bytes).
+        self.channel = ("postroom." + schema).encode()[:63].decode(errors="ignore")
+
+    def _configure(self, pg: psycopg.Connection[Any]) -> None:
+        pg.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+                   [str(self._idle_ms)])
+        pg.commit()
+
+    # -- connections and transactions ---------------------------------------------------------
+
+    @contextmanager
+    def connection(self) -> Iterator[_Session]:
+        """A pooled connection for one transaction; left clean (or discarded) afterwards.
+
+        As with a psycopg connection, a transaction still open when the block ends is
+        committed on a clean exit and rolled back on an error.
+        """
+        try:
+            pg = self._pool.getconn()
+        except PoolTimeout as exc:
+            raise StoreUnavailable(f"postgres: no connection within "
+                                   f"{self._connect_timeout:g}s: {exc}") from exc
+        session = _Session(pg)
+        try:
+            yield session
+            if pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                self.commit(session)
+        except BaseException:
+            self.rollback(session)
+            raise
+        finally:
+            self._pool.putconn(pg)
+
+    def begin(self, conn: _Session, *, write: bool) -> None:
+        """Writes run at READ COMMITTED; reads get one REPEATABLE READ read-only snapshot.
+
+        psycopg sends BEGIN with these settings before the first statement.
+        """
+        conn.resolvable = False
+        conn.xid = None
+        pg = conn.pg
+        pg.isolation_level = (psycopg.IsolationLevel.READ_COMMITTED if write
+                              else psycopg.IsolationLevel.REPEATABLE_READ)
+        pg.read_only = not write
+
+    def before_commit(self, tx: Tx) -> None:
+        """Emit the transaction's wake-ups and note its id, in one statement.
+
+        A transaction that wrote nothing has nothing to lose if its COMMIT is lost; one that
+        wrote has an id, by which ``commit`` can learn its fate.
+        """
+        session: _Session = tx.conn
+        if tx.wrote or tx.channels:
+            row = _one(self.execute(session, _BEFORE_COMMIT, {
+                "channel": self.channel, "payloads": sorted(tx.channels)}))
+            session.xid = row["xid"]
+        session.resolvable = True
+
+    def commit(self, conn: _Session) -> None:
+        """Commit; a connection lost during COMMIT is resolved, never guessed (see the module)."""
+        try:
+            conn.pg.commit()
+        except psycopg.Error as exc:
+            if not _session_lost(conn.pg, exc):
+                raise  # the server refused the commit and rolled back: translated upstream
+            self._resolve_lost_commit(conn, exc)
+
+    def _resolve_lost_commit(self, conn: _Session, exc: psycopg.Error) -> None:
+        self._discard_broken()
+        if not conn.resolvable:
+            raise OutcomeUnknown(f"postgres: connection lost during COMMIT: {exc}") from exc
+        if conn.xid is None:
+            raise StoreUnavailable(f"postgres: connection lost during COMMIT of a transaction "
+                                   f"that wrote nothing: {exc}") from exc
+        deadline = time.monotonic() + self._resolve_timeout
+        delay = 0.05
+        while True:
+            status = self._transaction_status(conn.xid)
+            if status == "committed":
+                return
+            if status == "aborted":
+                raise StoreUnavailable(f"postgres: connection lost during COMMIT; transaction "
+                                       f"{conn.xid} did not commit: {exc}") from exc
+            # "in progress" (the old session is still finishing) or the server is unreachable
+            if time.monotonic() + delay > deadline:
+                raise OutcomeUnknown(
+                    f"postgres: connection lost during COMMIT of transaction {conn.xid}; its "
+                    f"outcome could not be learned within {self._resolve_timeout:g}s "
+                    f"(last status: {status or 'server unreachable'})") from exc
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    def _transaction_status(self, xid: str) -> str | None:
+        try:
+            with psycopg.connect(self.url, autocommit=True,
+                                 connect_timeout=max(1, int(self._connect_timeout))) as probe:
+                row = probe.execute("SELECT pg_xact_status(CAST(%s AS xid8))", [xid]).fetchone()
+        except psycopg.Error:
+            return None
+        # NULL means the id is too old to be known: far older than a commit just sent.
+        return str(row[0]) if row is not None and row[0] is not None else "aborted"
+
+    def rollback(self, conn: _Session) -> None:
+        """Roll back if a transaction is open; a dead connection is left for the pool to drop."""
+        pg = conn.pg
+        if pg.broken or pg.closed:
+            self._discard_broken()
+            return
+        try:
+            pg.rollback()
+        except psycopg.Error:
+            self._discard_broken()
+
+    def _discard_broken(self) -> None:
+        # One lost connection usually means the server restarted or ended our sessions: test
+        # the idle ones now, so the next transactions do not each find a dead one.
+        with contextlib.suppress(psycopg.Error):
+            self._pool.check()
+
+    def execute(self, conn: _Session, sql: str,
+                params: Mapping[str, Any] | Sequence[Any] | None) -> psycopg.Cursor[Any]:
+        """Execute one statement (parameters in psycopg's ``%(name)s`` / ``%s`` style)."""
+        return conn.pg.execute(sql, params)
+
+    def executemany(self, conn: _Session, sql: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Execute one statement for many parameter sets (pipelined by psycopg)."""
+        with conn.pg.cursor() as cursor:
+            cursor.executemany(sql, rows)
+
+    def execute_script(self, conn: _Session, script: str) -> None:
+        """Run a schema script inside the open transaction (one simple-protocol message)."""
+        conn.pg.execute(script)
+
+    def lock_migrations(self, conn: _Session) -> None:
+        """Serialize migrations of this database (held until the transaction ends)."""
+        conn.pg.execute("SELECT pg_advisory_xact_lock(%s, hashtext(current_schema()))",
+                        [_MIGRATION_LOCK])
+
+    def convert(self, sql: str) -> str:
+        """``:name`` becomes ``%(name)s`` and a literal ``%`` becomes ``%%``.
+
+        Quoted strings, quoted identifiers, comments and ``::`` casts are left alone.
+        """
+
+        def replace(match: re.Match[str]) -> str:
+            text = match.group(0)
+            if match.group(1) is not None:
+                return f"%({match.group(1)})s"
+            return text.replace("%", "%%")
+
+        return _PARAMETER.sub(replace, sql)
+
+    def explain(self, conn: _Session, sql: str, params: Mapping[str, Any]) -> list[str]:
+        """``EXPLAIN`` lines (the plan for these parameter values; nothing is run)."""
+        cursor = conn.pg.execute("EXPLAIN " + sql, params)
+        return [str(row["QUERY PLAN"]) for row in cursor.fetchall()]
+
+    # -- errors ---------------------------------------------------------------------------------
+
+    def translate(self, exc: BaseException) -> PostroomError:
+        """Sessions lost, serialization failures, deadlocks and lock timeouts are transient
+        (raised before COMMIT, so nothing was committed); a unique violation is a conflict."""
+        state = getattr(exc, "sqlstate", None)
+        if isinstance(exc, psycopg.OperationalError) or state in _SESSION_ENDED:
+            return StoreUnavailable(f"postgres: {_first_line(exc)}")
+        if isinstance(exc, psycopg.errors.UniqueViolation):
+            return Conflict(f"postgres: {_first_line(exc)}")
+        return StoreError(f"postgres: {_first_line(exc)}")
+
+    def retry_delay(self, exc: PostroomError, attempt: int) -> float | None:
+        """Retry a failure that committed nothing, with jittered exponential backoff.
+
+        ``StoreUnavailable`` is only raised when nothing was committed: a statement failed
+        (the whole transaction rolled back with it), the session was lost before COMMIT was
+        sent, or a lost COMMIT was looked up and found aborted. Running the work again cannot
+        apply anything twice. A lost COMMIT whose fate is unknown is ``OutcomeUnknown`` and
+        is not retried; nor is waiting for a connection that the pool could not make in time.
+        """
+        if not isinstance(exc, StoreUnavailable) or attempt >= self._retries:
+            return None
+        if isinstance(exc.__cause__, PoolTimeout):
+            return None
+        ceiling = min(2.0, 0.02 * 2.0**attempt)
+        return ceiling * (0.5 + random.random() / 2)
+
+    # -- time -----------------------------------------------------------------------------------
+
+    def default_clock(self) -> Clock:
+        """The server's clock: every host decides with the same time."""
+        return ServerClock(self)
+
+    def source_time(self, clock: Clock, row: Row | None) -> float:
+        """The server time read with the high-water, unless the store was given a clock."""
+        if isinstance(clock, ServerClock) and row is not None:
+            return float(row["server_now"])
+        return clock.now()
+
+    def current_time(self, tx: Tx, clock: Clock) -> float:
+        """The server's time, read on the transaction's own connection."""
+        if isinstance(clock, ServerClock):
+            return float(_one(self.execute(tx.conn, _SERVER_NOW, None))["now"])
+        return clock.now()
+
+    def clock_shard(self, tx: Tx) -> int:
+        """The high-water row of this connection's server process (stable per connection)."""
+        return int(tx.conn.pg.info.backend_pid) % _CLOCK_SHARDS
+
+    # -- wake-ups -------------------------------------------------------------------------------
+
+    def listen(self) -> None:
+        """Start the store's listening connection (once) and wait until it listens."""
+        with self._listener_lock:
+            if self._listener is None:
+                self._listener = _Listener(self)
+                self._listener.start()
+            listener = self._listener
+        listener.listening.wait(self._connect_timeout)
+
+    def close(self) -> None:
+        """Stop listening and close the pool."""
+        with self._listener_lock:
+            listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.stop()
+        self._pool.close()
+
+
+class _Listener(threading.Thread):
+    """Hears the store's NOTIFY channel on a connection of its own; feeds the wake-up hub."""
+
+    _POLL = 0.25  # how often the loop looks at its stop flag
+    _PROBE = 5.0  # how often an idle connection is proven alive
+
+    def __init__(self, dialect: PostgresDialect) -> None:
+        super().__init__(name="postroom-listener", daemon=True)
+        self._dialect = dialect
+        self._stopping = threading.Event()
+        self.listening = threading.Event()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.join(timeout=5 * self._POLL)
+
+    def run(self) -> None:
+        hub = self._dialect.wakeups
+        delay = 0.05
+        while not self._stopping.is_set():
+            try:
+                with psycopg.connect(self._dialect.url, autocommit=True,
+                                     connect_timeout=max(1, int(self._dialect._connect_timeout)),
+                                     application_name="postroom-listener") as pg:
+                    pg.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._dialect.channel)))
+                    delay = 0.05
+                    self.listening.set()
+                    hub.announce_all()  # whatever was announced while we were deaf
+                    self._hear(pg)
+            except psycopg.Error:
+                pass
+            # Not listening: waiters fall back to polling until we are back.
+            self._stopping.wait(delay * (0.5 + random.random() / 2))
+            delay = min(delay * 2, 2.0)
+
+    def _hear(self, pg: psycopg.Connection[Any]) -> None:
+        hub = self._dialect.wakeups
+        probed = time.monotonic()
+        while not self._stopping.is_set():
+            heard = False
+            for note in pg.notifies(timeout=self._POLL):
+                hub.announce((note.payload,))  # at once: a waiter may be idle right now
+                heard = True
+            if not heard and time.monotonic() - probed > self._PROBE:
+                pg.execute("SELECT 1")  # a dead server shows up here, not as silence
+                probed = time.monotonic()
+
+
+def _one(cursor: psycopg.Cursor[Any]) -> Row:
+    row: Row | None = cursor.fetchone()
+    if row is None:  # pragma: no cover - every caller's statement returns one row
+        raise StoreError("postgres: expected a row, got none")
+    return row
+
+
+def _session_lost(pg: psycopg.Connection[Any], exc: BaseException) -> bool:
+    state = getattr(exc, "sqlstate", None)
+    return bool(pg.broken or pg.closed or state in _SESSION_ENDED
+                or (state is not None and state.startswith("08")))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _redacted(url: str) -> str:
+    """The URL without its password, for messages."""
+    return re.sub(r"(://[^:/@]*):[^@]*@", r"\1:***@", url)
+

@@ -1,0 +1,113 @@
+"""Wake-ups: "work may be available on these channels", delivered to waiting threads.
+
+A committed transaction announces the channels it made work for (a task's queue, or the
+replies channel); ``Tx.notify`` collects them, and the dialect emits each channel once per
+transaction. Whatever carries the announcement (a commit in this process, a PostgreSQL
+``NOTIFY`` heard by the store's listener), it ends here, in a ``Wakeups`` hub, as a bump of a
+per-channel counter. A ``Waiter`` remembers the counters it last saw, so:
+
+- a burst of announcements wakes a waiter once (they are coalesced, never queued);
+- an announcement made while the waiter was busy (say, between an empty claim and the next
+  ``wait``) is not lost: the next ``wait`` returns at once;
+- a reconnect of the listener wakes every waiter (``announce_all``), because announcements
+  made while it was deaf are gone and only a poll can find their work.
+
+A wake-up is a hint, never a promise: the caller always claims to find out, and its
+``timeout`` is the polling interval that covers whatever no announcement reached.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+
+__all__ = ["REPLIES_CHANNEL", "Waiter", "Wakeups"]
+
+#: The channel announced when a reply becomes due for delivery.
+REPLIES_CHANNEL = "postroom_replies"
+
+
+class Wakeups:
+    """Per-channel announcement counters shared by every waiter of one store."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._counts: dict[str, int] = {}
+        self._everything = 0
+
+    def announce(self, channels: Iterable[str]) -> None:
+        """Record that work may be available on ``channels`` and wake their waiters."""
+        with self._changed:
+            for channel in channels:
+                self._counts[channel] = self._counts.get(channel, 0) + 1
+            self._changed.notify_all()
+
+    def announce_all(self) -> None:
+        """Wake every waiter: announcements may have been missed (e.g. after a reconnect)."""
+        with self._changed:
+            self._everything += 1
+            self._changed.notify_all()
+
+    def _mark(self, channels: frozenset[str]) -> int:
+        return self._everything + sum(self._counts.get(channel, 0) for channel in channels)
+
+    def mark(self, channels: frozenset[str]) -> int:
+        """A token that changes whenever one of ``channels`` (or everything) is announced."""
+        with self._changed:
+            return self._mark(channels)
+
+    def wait(self, channels: frozenset[str], since: int, timeout: float) -> int | None:
+        """Block until the mark of ``channels`` differs from ``since``; the new mark, or None.
+
+        Returns at once if it already differs; ``None`` when ``timeout`` seconds pass first.
+        """
+        deadline = time.monotonic() + max(0.0, timeout)
+        with self._changed:
+            while True:
+                current = self._mark(channels)
+                if current != since:
+                    return current
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._changed.wait(remaining)
+
+
+class Waiter:
+    """Waits for work on a fixed set of channels; create one per polling loop.
+
+    Typical use, in a worker::
+
+        waiter = store.waiter(queues=["default"])
+        while running:
+            claims = store.claim_batch(owner, 10)
+            if not claims:
+                waiter.wait(timeout=1.0)   # the poll interval
+                continue
+            ...
+
+    The waiter starts counting when it is created, so work announced between the waiter's
+    creation (or its last ``wait``) and the next ``wait`` makes that ``wait`` return at once.
+    """
+
+    def __init__(self, hub: Wakeups, channels: Iterable[str]) -> None:
+        self._hub = hub
+        self._channels = frozenset(channels)
+        self._seen = hub.mark(self._channels)
+
+    @property
+    def channels(self) -> frozenset[str]:
+        """The channels this waiter wakes for."""
+        return self._channels
+
+    def wait(self, timeout: float) -> bool:
+        """Block until work may be available (``True``) or ``timeout`` seconds pass (``False``).
+
+        Either way the caller should claim next: ``False`` is simply the polling fallback.
+        """
+        mark = self._hub.wait(self._channels, self._seen, timeout)
+        if mark is None:
+            return False
+        self._seen = mark
+        return True

@@ -1,0 +1,179 @@
+"""PostgreSQL for the tests: the shared server, a fresh schema per test, private clusters.
+
+The suite runs against the local server named by ``POSTROOM_PG_URL`` (default: the machine's
+cluster on 127.0.0.1:5432, trust authentication). Every store or receiver a test opens gets
+an empty schema of its own in the ``postroom_tests`` database (the URL sets its
+``search_path``), dropped afterwards; postroom names its NOTIFY channel and migration lock
+after the schema, so tests running in parallel never see each other's rows or wake-ups.
+(A schema costs a millisecond; a database costs a checkpoint to drop.) A test that ends
+server sessions gets a database of its own (``create_database``), and a test that must
+restart PostgreSQL gets a ``Cluster`` of its own: a throwaway data directory on another port,
+so nothing else running is disturbed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import psycopg.errors
+
+__all__ = ["ADMIN_URL", "Cluster", "create_database", "create_schema", "drop_database",
+           "drop_schema", "problem", "terminate_sessions", "with_database"]
+
+ADMIN_URL = os.environ.get("POSTROOM_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+#: The database that holds the tests' schemas (created on first use, never dropped).
+TESTS_DATABASE = "postroom_tests"
+
+
+@functools.cache
+def problem() -> str | None:
+    """Why PostgreSQL cannot be used for tests here, or ``None`` if it can."""
+    try:
+        with psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=3) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        return f"PostgreSQL at {ADMIN_URL} is unreachable: {str(exc).strip()}"
+    return None
+
+
+def with_database(url: str, name: str) -> str:
+    """``url`` pointing at database ``name`` instead."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + name))
+
+
+def _name(label: str) -> str:
+    safe = "".join(ch if ch.isalnum() else "_" for ch in label.lower())[:24]
+    return f"postroom_t_{safe}_{uuid.uuid4().hex[:12]}"
+
+
+def create_schema(label: str, admin_url: str = ADMIN_URL) -> str:
+    """Create an empty schema in the tests' database; the URL of a store living in it."""
+    tests_url = with_database(admin_url, TESTS_DATABASE)
+    name = _name(label)
+    try:
+        conn = psycopg.connect(tests_url, autocommit=True, connect_timeout=10)
+    except psycopg.OperationalError:
+        # (another test process may have created it first)
+        with (psycopg.connect(admin_url, autocommit=True, connect_timeout=10) as admin,
+              contextlib.suppress(psycopg.errors.DuplicateDatabase)):
+            admin.execute(f'CREATE DATABASE "{TESTS_DATABASE}"')
+        conn = psycopg.connect(tests_url, autocommit=True, connect_timeout=10)
+    with conn:
+        conn.execute(f'CREATE SCHEMA "{name}"')
+    return f"{tests_url}?options=-csearch_path%3D{name}"
+
+
+def drop_schema(url: str) -> None:
+    """Drop the schema a ``create_schema`` URL points at, with everything in it."""
+    base, _, query = url.partition("?options=-csearch_path%3D")
+    with psycopg.connect(base, autocommit=True, connect_timeout=10) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{query}" CASCADE')
+
+
+def create_database(label: str, admin_url: str = ADMIN_URL) -> str:
+    """Create an empty database and return its URL."""
+    name = _name(label)
+    with psycopg.connect(admin_url, autocommit=True, connect_timeout=10) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return with_database(admin_url, name)
+
+
+def drop_database(url: str, admin_url: str = ADMIN_URL) -> None:
+    """Drop the database of ``url``, ending any session still connected to it."""
+    name = urlsplit(url).path.lstrip("/")
+    with psycopg.connect(admin_url, autocommit=True, connect_timeout=10) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def terminate_sessions(url: str, admin_url: str = ADMIN_URL) -> int:
+    """End every server session connected to the database of ``url``; how many were ended."""
+    name = urlsplit(url).path.lstrip("/")
+    with psycopg.connect(admin_url, autocommit=True, connect_timeout=10) as conn:
+        rows = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = %s AND pid <> pg_backend_pid()", [name]).fetchall()
+    return sum(1 for (ended,) in rows if ended)
+
+
+def _bindir() -> Path:
+    found = shutil.which("pg_config")
+    if found:
+        out = subprocess.run([found, "--bindir"], capture_output=True, text=True, check=False)
+        candidate = Path(out.stdout.strip())
+        if (candidate / "initdb").exists():
+            return candidate
+    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    if not versions:
+        raise RuntimeError("no PostgreSQL server binaries (initdb) on this machine")
+    return versions[-1].parent
+
+
+class Cluster:
+    """A private PostgreSQL server in a temporary directory, for tests that restart it."""
+
+    def __init__(self) -> None:
+        self._bin = _bindir()
+        self._root = Path(tempfile.mkdtemp(prefix="postroom-pg-"))
+        self.data = self._root / "data"
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        # The server refuses to run as root: hand the directory to the postgres user.
+        self._as = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        if self._as:
+            shutil.chown(self._root, "postgres", "postgres")
+        self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust",
+                  "--no-sync", "-E", "UTF8")
+        self.start()
+
+    def _run(self, tool: str, *args: str) -> None:
+        subprocess.run([*self._as, str(self._bin / tool), *args], check=True,
+                       capture_output=True, timeout=120)
+
+    def start(self) -> None:
+        """Start the server and wait until it accepts connections."""
+        options = (f"-c listen_addresses=127.0.0.1 -c port={self.port} "
+                   f"-c unix_socket_directories={self._root} -c max_connections=60 "
+                   f"-c shared_buffers=32MB")
+        self._run("pg_ctl", "-D", str(self.data), "-l", str(self._root / "log"),
+                  "-o", options, "-w", "-t", "60", "start")
+
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server (``immediate`` is a crash: recovery runs at the next start)."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop")
+
+    def restart(self, mode: str = "fast") -> None:
+        """Stop and start again (same data, same port)."""
+        self.stop(mode)
+        self.start()
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Block until the server accepts connections."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with psycopg.connect(self.url, connect_timeout=2):
+                    return
+            except psycopg.Error:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def destroy(self) -> None:
+        """Stop the server and delete its files."""
+        with contextlib.suppress(subprocess.CalledProcessError):
+            self.stop("immediate")
+        shutil.rmtree(self._root, ignore_errors=True)
