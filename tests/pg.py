@@ -101,8 +101,9 @@ def terminate_sessions(url: str, admin_url: str = ADMIN_URL) -> int:
     """End every server session connected to the database of ``url``; how many were ended."""
     name = urlsplit(url).path.lstrip("/")
     with psycopg.connect(admin_url, autocommit=True, connect_timeout=10) as conn:
+        # (with a timeout, it returns once each session is really gone)
         rows = conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
             "WHERE datname = %s AND pid <> pg_backend_pid()", [name]).fetchall()
     return sum(1 for (ended,) in rows if ended)
 

@@ -53,6 +53,7 @@ from postroom.models import (
 from postroom.receiver import Receiver
 from postroom.settings import ExponentialBackoff, FixedBackoff, Settings
 from postroom.store.core import Store, open_store
+from postroom.store.wakeups import Waiter
 from postroom.transports import InProcessTransport, Transport
 from postroom.validation import Limits
 
@@ -104,6 +105,7 @@ __all__ = [
     "TransientDeliveryError",
     "Transport",
     "Unauthorized",
+    "Waiter",
     "__version__",
     "open_store",
 ]

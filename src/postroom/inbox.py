@@ -7,6 +7,7 @@ from postroom.errors import PayloadCollision, Unauthorized
 from postroom.models import Ack, AuthContext, Envelope, Position, TaskState
 from postroom.settings import Settings
 from postroom.store.database import Operation, Tx
+from postroom.store.wakeups import REPLIES_CHANNEL
 from postroom.transitions import ReplyContent, TaskDecision
 from postroom.validation import CheckedEnvelope, check_envelope, check_int, check_text
 
@@ -93,7 +94,7 @@ def insert_reply(tx: Tx, settings: Settings, task_id: str, reply: ReplyContent) 
     tx.run("reply_insert", reply_id=reply.reply_id, task_id=task_id, status=reply.status.value,
            body=reply.body, fingerprint=reply.fingerprint, budget=settings.delivery_budget,
            now=tx.now)
-    tx.notify("postroom_replies")
+    tx.notify(REPLIES_CHANNEL)
 
 
 def _record_position(tx: Tx, checked: CheckedEnvelope, position: Position) -> None:

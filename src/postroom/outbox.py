@@ -17,6 +17,7 @@ from postroom.errors import Fenced, NotFound
 from postroom.models import Outcome, ReplyClaim, ReplyState
 from postroom.settings import Settings
 from postroom.store.database import Operation, Tx
+from postroom.store.wakeups import REPLIES_CHANNEL
 from postroom.transitions import ReplyDecision
 
 __all__ = [
@@ -107,7 +108,7 @@ def requeue(tx: Tx, reply_id: str, *, operator: str, reason: str) -> None:
            previous_attempts=int(row["attempts"]), previous_error=row["last_error"])
     if not tx.run("reply_requeue", reply_id=reply_id, now=tx.now):
         raise Fenced(f"reply {reply_id}", "changed while being requeued")
-    tx.notify("postroom_replies")
+    tx.notify(REPLIES_CHANNEL)
 
 
 def outcomes_for(claims: Sequence[ReplyClaim], outcomes: Sequence[Outcome]) -> list[Outcome]:

@@ -10,7 +10,8 @@ PUBLIC = [
     "PermanentDeliveryError", "Position", "PostroomError", "Receiver", "ReceiverAck",
     "Reconciled", "Reply", "ReplyClaim", "ReplyState", "Requeue", "SchemaError", "Settings",
     "Store", "StoreError", "StoreUnavailable", "SystemClock", "Task", "TaskState",
-    "TransientDeliveryError", "Transport", "Unauthorized", "__version__", "open_store",
+    "TransientDeliveryError", "Transport", "Unauthorized", "Waiter", "__version__",
+    "open_store",
 ]
 
 

@@ -43,6 +43,7 @@ from postroom.models import (
 )
 from postroom.settings import Settings
 from postroom.store.database import Database, Operation, Tx
+from postroom.store.wakeups import REPLIES_CHANNEL, Waiter
 from postroom.transitions import reply_id_for
 from postroom.transports import Transport
 from postroom.validation import (
@@ -305,6 +306,31 @@ class Store:
         check_text(reason, "reason", max_bytes=4096)
         self._db.run(outbox.REQUEUE, lambda tx: outbox.requeue(
             tx, reply_id, operator=operator, reason=reason))
+
+    # -- waiting for work -----------------------------------------------------------------------
+
+    def waiter(self, queues: Sequence[str] | str = ("default",), *,
+               replies: bool = False) -> Waiter:
+        """A ``Waiter`` whose ``wait(timeout)`` returns as soon as work may be available.
+
+        It wakes when a task of ``queues`` becomes claimable (received, or a follow-up
+        committed) and, with ``replies=True``, when a reply becomes due for delivery. On
+        PostgreSQL it hears commits made by any process on any host (LISTEN/NOTIFY on a
+        connection of the store's own, reconnected if lost, with a wake-up after every
+        reconnect); on SQLite it hears commits made through this store object, and the
+        ``timeout`` of ``wait`` is the polling interval for everything else. Work that becomes
+        claimable by the passage of time (a retry's backoff, a recovered lease) is found by
+        that poll.
+        """
+        limits = self._settings.limits
+        names = (queues,) if isinstance(queues, str) else tuple(queues)
+        for name in names:
+            check_text(name, "queues", max_bytes=limits.text_bytes)
+        if not names and not replies:
+            raise InvalidInput("queues", "name at least one queue, or ask for replies")
+        self._db.dialect.listen()
+        return Waiter(self._db.dialect.wakeups,
+                      [*names, REPLIES_CHANNEL] if replies else names)
 
     # -- housekeeping ---------------------------------------------------------------------------
 

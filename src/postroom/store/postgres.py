@@ -191,8 +191,11 @@ class PostgresDialect(Dialect):
         session = _Session(pg)
         try:
             yield session
-            if pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            status = pg.info.transaction_status
+            if status == psycopg.pq.TransactionStatus.INTRANS:
                 self.commit(session)
+            elif status == psycopg.pq.TransactionStatus.INERROR:
+                self.rollback(session)
         except BaseException:
             self.rollback(session)
             raise

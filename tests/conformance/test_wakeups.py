@@ -1,0 +1,46 @@
+"""``Store.waiter``: a committed transaction wakes the waiters of the channels it announced."""
+
+from __future__ import annotations
+
+import pytest
+
+import postroom
+from tests.support import envelope
+
+#: Long enough for a NOTIFY to travel; a passing test never waits this long.
+WAKE = 30.0
+#: How long "no wake-up" is watched for.
+QUIET = 0.2
+
+
+def test_a_waiter_wakes_when_a_task_of_its_queue_is_received(store, auth):
+    waiter = store.waiter(queues="default")
+    store.receive(auth, envelope())
+    assert waiter.wait(timeout=WAKE)
+
+
+def test_a_waiter_does_not_wake_for_another_queue(store, auth):
+    waiter = store.waiter(queues="default")
+    store.receive(auth, envelope(queue="reviews"))
+    assert not waiter.wait(timeout=QUIET)
+
+
+def test_a_waiter_for_replies_wakes_when_a_task_finishes(store, auth):
+    store.receive(auth, envelope())
+    claim = store.claim("w")
+    waiter = store.waiter(queues=(), replies=True)
+    store.finish(claim, {"ok": True})
+    assert waiter.wait(timeout=WAKE)
+
+
+def test_a_rolled_back_transaction_wakes_nobody(store, auth):
+    store.receive(auth, envelope("taken", payload={"n": 1}))
+    waiter = store.waiter(queues="default")
+    with pytest.raises(postroom.PayloadCollision):
+        store.receive_atomic(auth, [envelope("fresh"), envelope("taken", payload={"n": 2})])
+    assert not waiter.wait(timeout=QUIET)
+
+
+def test_a_waiter_needs_a_queue_or_replies(store):
+    with pytest.raises(postroom.InvalidInput, match="queues"):
+        store.waiter(queues=())

@@ -1,0 +1,204 @@
+"""The PostgreSQL dialect: parameters, time authority, sessions, error translation, retries."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+import psycopg.errors
+import pytest
+from psycopg_pool import PoolTimeout
+
+import postroom
+from postroom.store import Database, dialect_for_url
+from postroom.store.postgres import _CLOCK_SHARDS, PostgresDialect
+from tests.support import START, envelope
+
+
+def raw(url: str) -> psycopg.Connection:
+    return psycopg.connect(url, autocommit=True)
+
+
+# -- parameters ---------------------------------------------------------------------------------
+
+def test_named_parameters_become_psycopg_placeholders(pg_store):
+    convert = pg_store.database.dialect.convert
+    assert convert("WHERE a = :a AND b < :b_2") == "WHERE a = %(a)s AND b < %(b_2)s"
+
+
+def test_literals_casts_comments_and_percent_signs_survive_conversion(pg_store):
+    convert = pg_store.database.dialect.convert
+    sql = "SELECT 'reply:' || x::text, '50%' -- :not_a_parameter\nFROM t WHERE y LIKE :p"
+    assert convert(sql) == ("SELECT 'reply:' || x::text, '50%%' -- :not_a_parameter\n"
+                            "FROM t WHERE y LIKE %(p)s")
+
+
+# -- time ---------------------------------------------------------------------------------------
+
+def server_now(url: str) -> float:
+    with raw(url) as conn:
+        return float(conn.execute("SELECT extract(epoch FROM clock_timestamp())").fetchone()[0])
+
+
+def test_decisions_use_the_server_clock_not_the_hosts(pg_url, auth, monkeypatch):
+    with postroom.open_store(pg_url) as store:
+        before = server_now(pg_url)
+        monkeypatch.setattr(time, "time", lambda: 0.0)  # a host whose clock is far off
+        ack = store.receive(auth, envelope(deadline=before + 3600))
+        claim = store.claim("w")
+        monkeypatch.undo()
+        after = server_now(pg_url)
+    assert claim is not None and claim.task_id == ack.task_id
+    assert before <= claim.lease_until - store.settings.lease <= after
+
+
+def test_the_server_clock_is_the_default_time_source(pg_url):
+    with postroom.open_store(pg_url) as store:
+        before = server_now(pg_url)
+        reading = store.clock.now()
+        assert before <= reading <= server_now(pg_url)
+
+
+def test_a_decision_never_goes_below_the_greatest_high_water_row(pg_store, pg_url, auth):
+    with raw(pg_url) as conn:  # some other connection's row holds the latest decision
+        conn.execute("UPDATE postroom_clock SET high_water = %s WHERE id = 17", [START + 500])
+    ack = pg_store.receive(auth, envelope(deadline=START + 3600))
+    assert pg_store.task(ack.task_id).created_at == START + 500
+
+
+def test_the_high_water_is_kept_in_one_row_per_shard(pg_store, pg_url):
+    with raw(pg_url) as conn:
+        ids = [row[0] for row in conn.execute("SELECT id FROM postroom_clock ORDER BY id")]
+    assert ids == list(range(_CLOCK_SHARDS))
+
+
+def test_a_write_advances_the_row_of_its_server_process(pg_store, pg_url, auth):
+    database = pg_store.database
+    with database.transaction(postroom.store.Operation("probe")) as tx:
+        shard = database.dialect.clock_shard(tx)
+        assert shard == tx.conn.pg.info.backend_pid % _CLOCK_SHARDS
+        tx.run("stream_create", principal="p", stream="s")
+        tx.now = START + 42
+    with raw(pg_url) as conn:
+        rows = conn.execute("SELECT id FROM postroom_clock WHERE high_water = %s",
+                            [START + 42]).fetchall()
+    assert rows == [(shard,)]
+
+
+def test_writers_on_different_rows_do_not_wait_for_each_other(pg_store, pg_url):
+    sql = pg_store.database.dialect.queries["clock_advance"].sql
+    with raw(pg_url) as first, raw(pg_url) as second:
+        first.execute("BEGIN")
+        first.execute(sql, {"now": START + 1, "shard": 1})  # holds row 1 until it commits
+        second.execute("SET lock_timeout = '2s'")
+        second.execute("BEGIN")
+        second.execute(sql, {"now": START + 2, "shard": 2})  # would time out if it waited
+        second.execute("COMMIT")
+        first.execute("COMMIT")
+
+
+# -- sessions -----------------------------------------------------------------------------------
+
+def test_store_sessions_carry_an_idle_in_transaction_guard(pg_store):
+    dialect = pg_store.database.dialect
+    with dialect.connection() as conn:
+        value = dialect.execute(conn, "SHOW idle_in_transaction_session_timeout", ()).fetchone()
+    assert value["idle_in_transaction_session_timeout"] == "1min"
+
+
+def test_a_session_idle_inside_a_transaction_is_ended_and_its_locks_released(
+        pg_store, pg_url, auth):
+    ack = pg_store.receive(auth, envelope())
+    dialect = PostgresDialect(pg_url, idle_in_transaction_timeout=0.2)
+    try:
+        with dialect.connection() as conn, pytest.raises(psycopg.Error):
+            dialect.begin(conn, write=True)
+            dialect.execute(conn, "UPDATE tasks SET owner = 'frozen' WHERE task_id = %s",
+                            [ack.task_id])
+            time.sleep(0.6)  # the process freezes mid-transaction (server-side timeout)
+            with raw(pg_url) as other:
+                other.execute("SET lock_timeout = '5s'")
+                other.execute("UPDATE tasks SET owner = NULL WHERE task_id = %s", [ack.task_id])
+            dialect.execute(conn, "SELECT 1", ())  # the frozen session was ended
+    finally:
+        dialect.close()
+    assert pg_store.task(ack.task_id).owner is None
+
+
+def test_processes_opening_a_fresh_store_together_create_it_once(pg_url):
+    go = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def open_it() -> None:
+        go.wait()
+        try:
+            postroom.open_store(pg_url).close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_it) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert errors == []
+
+
+def test_the_postgres_schema_mirrors_the_sqlite_schema(pg_url, tmp_path):
+    def shape(url: str) -> dict[str, set[str]]:
+        database = Database(dialect_for_url(url))
+        try:
+            database.migrate("store")
+            database.migrate("receiver")
+            dialect = database.dialect
+            sql = ("SELECT m.name AS t, p.name AS c FROM sqlite_master AS m, "
+                   "pragma_table_info(m.name) AS p WHERE m.type = 'table' "
+                   "UNION ALL SELECT 'index', name FROM sqlite_master WHERE type = 'index'"
+                   if dialect.name == "sqlite" else
+                   "SELECT table_name AS t, column_name AS c FROM information_schema.columns "
+                   "WHERE table_schema = current_schema() UNION ALL SELECT 'index', indexname "
+                   "FROM pg_indexes WHERE schemaname = current_schema()")
+            found: dict[str, set[str]] = {}
+            with dialect.connection() as conn:
+                for row in dialect.execute(conn, sql, ()).fetchall():
+                    if not row["c"].startswith("sqlite_autoindex") and not (
+                            row["c"].endswith(("_pkey", "_key"))):  # implicit, named per dialect
+                        found.setdefault(row["t"], set()).add(row["c"])
+                dialect.rollback(conn)
+            return found
+        finally:
+            database.close()
+
+    assert shape(pg_url) == shape(f"sqlite:///{tmp_path / 'mirror.db'}")
+
+
+# -- errors and retries -------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("error", "expected"), [
+    (psycopg.errors.UniqueViolation("duplicate key"), postroom.Conflict),
+    (psycopg.errors.SerializationFailure("could not serialize"), postroom.StoreUnavailable),
+    (psycopg.errors.DeadlockDetected("deadlock detected"), postroom.StoreUnavailable),
+    (psycopg.errors.AdminShutdown("terminating connection"), postroom.StoreUnavailable),
+    (psycopg.errors.IdleInTransactionSessionTimeout("idle"), postroom.StoreUnavailable),
+    (psycopg.OperationalError("server closed the connection"), postroom.StoreUnavailable),
+    (psycopg.errors.UndefinedTable("no such table"), postroom.StoreError),
+])
+def test_driver_errors_are_translated_at_the_boundary(pg_store, error, expected):
+    translated = pg_store.database.dialect.translate(error)
+    assert type(translated) is expected
+    assert str(error) in str(translated)
+
+
+def test_only_failures_that_committed_nothing_are_retried(pg_store):
+    dialect = pg_store.database.dialect
+    transient = postroom.StoreUnavailable("connection lost")
+    delays = [dialect.retry_delay(transient, attempt) for attempt in range(8)]
+    assert all(delay is not None and 0 < delay <= 2.0 for delay in delays)
+    assert dialect.retry_delay(transient, 8) is None  # the budget is spent
+    assert dialect.retry_delay(postroom.OutcomeUnknown("lost during COMMIT"), 0) is None
+    assert dialect.retry_delay(postroom.Conflict("duplicate key"), 0) is None
+    try:
+        raise postroom.StoreUnavailable("no connection") from PoolTimeout("timed out")
+    except postroom.StoreUnavailable as waited:
+        assert dialect.retry_delay(waited, 0) is None  # already waited the pool's timeout

@@ -1,0 +1,129 @@
+"""Lost sessions and lost commits: nothing half-applied, nothing applied twice.
+
+A session ended before COMMIT is retried (nothing was committed); a COMMIT whose reply was
+lost is looked up by transaction id: committed means the caller gets its result, aborted means
+a retry, and a fate that cannot be learned is ``OutcomeUnknown``, never a blind retry.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import psycopg
+import pytest
+
+import postroom
+from postroom import faults
+from tests import pg
+from tests.support import envelope
+
+FAR = 4_000_000_000.0  # a deadline far ahead of the server clock
+
+
+def count_tasks(store: postroom.Store) -> int:
+    return sum(store.info()["tasks"].values())
+
+
+def test_a_session_ended_before_commit_is_retried_and_applied_once(own_database, auth):
+    with postroom.open_store(own_database) as store:
+        ended: list[int] = []
+        with faults.armed("receive.before_commit",
+                          lambda _: ended.append(pg.terminate_sessions(own_database))):
+            ack = store.receive(auth, envelope(deadline=FAR))
+        assert ended and ended[0] >= 1
+        assert ack.duplicate is False  # the retry stored it; the first attempt left nothing
+        assert count_tasks(store) == 1
+
+
+def lose_the_connection_at_commit(monkeypatch, *, commit_first: bool) -> None:
+    """The next COMMIT's reply never arrives (once it was, or was not, committed)."""
+    original = psycopg.Connection.commit
+
+    def commit(self: psycopg.Connection) -> None:
+        monkeypatch.setattr(psycopg.Connection, "commit", original)
+        if commit_first:
+            original(self)
+        self.close()
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(psycopg.Connection, "commit", commit)
+
+
+def test_a_lost_commit_that_committed_returns_its_result_without_a_retry(
+        pg_url, auth, monkeypatch):
+    with postroom.open_store(pg_url) as store:
+        lose_the_connection_at_commit(monkeypatch, commit_first=True)
+        ack = store.receive(auth, envelope(deadline=FAR))
+        assert ack.duplicate is False  # a retry would have answered "duplicate"
+        assert count_tasks(store) == 1
+
+
+def test_a_lost_commit_that_did_not_commit_is_retried(pg_url, auth, monkeypatch):
+    with postroom.open_store(pg_url) as store:
+        lose_the_connection_at_commit(monkeypatch, commit_first=False)
+        ack = store.receive(auth, envelope(deadline=FAR))
+        assert ack.duplicate is False
+        assert count_tasks(store) == 1
+
+
+def test_a_lost_commit_whose_fate_cannot_be_learned_is_outcome_unknown(
+        pg_url, auth, monkeypatch):
+    with postroom.open_store(pg_url) as store:
+        dialect = store.database.dialect
+        monkeypatch.setattr(dialect, "_resolve_timeout", 0.2)
+        monkeypatch.setattr(dialect, "_transaction_status", lambda xid: None)  # unreachable
+        lose_the_connection_at_commit(monkeypatch, commit_first=True)
+        with pytest.raises(postroom.OutcomeUnknown, match="could not be learned"):
+            store.receive(auth, envelope(deadline=FAR))
+        monkeypatch.undo()
+        assert count_tasks(store) == 1  # it did commit, and it was not run a second time
+
+
+# -- wake-ups across processes ------------------------------------------------------------------
+
+SENDER = """
+import sys, postroom
+from tests.support import envelope
+with postroom.open_store(sys.argv[1]) as store:
+    store.receive(postroom.AuthContext(principal="planner"),
+                  envelope("from-afar", deadline=4e9, queue=sys.argv[2]))
+"""
+
+
+def send_from_another_process(url: str, queue: str) -> None:
+    subprocess.run([sys.executable, "-c", SENDER, url, queue], check=True, timeout=120)
+
+
+def test_a_waiter_hears_a_commit_made_by_another_process(pg_url):
+    with postroom.open_store(pg_url) as store:
+        waiter = store.waiter(queues="default")
+        send_from_another_process(pg_url, "default")
+        assert waiter.wait(timeout=30)
+
+
+def test_a_waiter_is_not_woken_by_another_processes_other_queue(pg_url):
+    with postroom.open_store(pg_url) as store:
+        waiter = store.waiter(queues="default")
+        send_from_another_process(pg_url, "reviews")
+        assert not waiter.wait(timeout=0.3)
+
+
+def test_stores_in_other_schemas_do_not_wake_each_other(pg_urls):
+    here, elsewhere = pg_urls("here"), pg_urls("elsewhere")
+    with postroom.open_store(here) as store:
+        postroom.open_store(elsewhere).close()
+        waiter = store.waiter(queues="default")
+        send_from_another_process(elsewhere, "default")
+        assert not waiter.wait(timeout=0.3)
+
+
+def test_a_waiter_is_woken_when_its_listener_reconnects(own_database, auth):
+    with postroom.open_store(own_database) as store:
+        waiter = store.waiter(queues="default")
+        assert not waiter.wait(timeout=0)
+        assert pg.terminate_sessions(own_database) >= 1  # the listener among them
+        # What was announced while it was deaf is lost: only a poll can find it now.
+        assert waiter.wait(timeout=30)
+        store.receive(auth, envelope(deadline=FAR))  # the pool's dead sessions are replaced
+        assert waiter.wait(timeout=30)
