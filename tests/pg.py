@@ -97,14 +97,17 @@ def drop_database(url: str, admin_url: str = ADMIN_URL) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def terminate_sessions(url: str, admin_url: str = ADMIN_URL) -> int:
-    """End every server session connected to the database of ``url``; how many were ended."""
+def terminate_sessions(url: str, admin_url: str = ADMIN_URL, *, wait: bool = True) -> int:
+    """End every server session connected to the database of ``url``; how many were ended.
+
+    With ``wait``, returns only once each session is really gone.
+    """
     name = urlsplit(url).path.lstrip("/")
     with psycopg.connect(admin_url, autocommit=True, connect_timeout=10) as conn:
-        # (with a timeout, it returns once each session is really gone)
         rows = conn.execute(
-            "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
-            "WHERE datname = %s AND pid <> pg_backend_pid()", [name]).fetchall()
+            "SELECT pg_terminate_backend(pid, %s) FROM pg_stat_activity "
+            "WHERE datname = %s AND pid <> pg_backend_pid()",
+            [10_000 if wait else 0, name]).fetchall()
     return sum(1 for (ended,) in rows if ended)
 
 

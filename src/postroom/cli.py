@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import click
 
@@ -69,4 +70,32 @@ def audit(urls: tuple[str, ...]) -> None:
         else:
             click.echo(f"{url}: clean")
     if failed:
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("url")
+@click.option("--receiver", "receiver_url", default=None, metavar="URL",
+              help="The receiver's database (default: the store's).")
+@click.option("--tasks", default=10_000, show_default=True, help="Tasks to drain.")
+@click.option("--workers", default=8, show_default=True, help="Worker processes.")
+@click.option("--dispatchers", default=2, show_default=True, help="Dispatcher processes.")
+@click.option("--kill-every", default=0.5, show_default=True,
+              help="Mean seconds between SIGKILLs of a random process (0: none).")
+@click.option("--lease", default=2.0, show_default=True, help="Lease seconds (tasks, replies).")
+@click.option("--seed", default=0, show_default=True, help="Seed of the kill schedule.")
+@click.option("--timeout", default=900.0, show_default=True, help="Give up after seconds.")
+def drain(url: str, receiver_url: str | None, **options: Any) -> None:
+    """Drain a queue with worker processes that are SIGKILLed at random.
+
+    URL must hold an empty store (SQLite or PostgreSQL). Every process has its own
+    connections, as separate hosts would. Exits 1 unless every task ends terminal, every
+    reply is sent, the receiver has exactly one effect per task and the audit is clean.
+    """
+    from postroom.drain import run_drain
+
+    report = run_drain(url, receiver_url, echo=lambda line: click.echo(line, err=True),
+                       **options)
+    click.echo(json.dumps(report.summary(), indent=2, sort_keys=True))
+    if report.problems:
         sys.exit(1)
