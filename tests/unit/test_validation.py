@@ -1,0 +1,20 @@
+"""The validator of SPEC §1, without a database: it never crashes, and what it accepts is
+canonical JSON that round-trips within the limits."""
+
+from __future__ import annotations
+
+import pytest
+
+from postroom import InvalidInput
+from postroom.validation import DEFAULT_LIMITS, check_json
+
+
+@pytest.mark.parametrize(("payload", "field", "problem"), [
+    ({"a": {"\ud800": 1}}, "payload.a", "has a key that is not valid UTF-8"),
+    ({"a": ["ok", "\udfff"]}, "payload.a[1]", "is not valid UTF-8"),
+    ({"\udc80": {"deep": [[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]}}, "payload", "has a key"),
+])
+def test_text_that_is_not_utf8_is_refused_at_its_dotted_path(payload, field, problem):
+    with pytest.raises(InvalidInput, match=problem) as refused:
+        check_json(payload, "payload", limits=DEFAULT_LIMITS, require_object=True)
+    assert refused.value.field == field
