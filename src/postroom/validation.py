@@ -90,11 +90,14 @@ def follow_up_principal(parent_task_id: str) -> str:
 
 def check_text(value: object, field: str, *, max_bytes: int,
                error: type[InvalidInput] = InvalidInput) -> str:
-    """A non-empty ``str`` of at most ``max_bytes`` UTF-8 bytes."""
+    """A non-empty ``str`` of at most ``max_bytes`` UTF-8 bytes, without U+0000."""
     if type(value) is not str:
         raise error(field, f"must be a string, got {type(value).__name__}")
     if not _is_utf8(value):
         raise error(field, "is not valid UTF-8 text (lone surrogate)")
+    if "\x00" in value:
+        # PostgreSQL cannot store NUL in text; refusing it here keeps the backends alike.
+        raise error(field, "contains U+0000 (NUL), which cannot be stored as text")
     size = len(value.encode("utf-8"))
     if size == 0:
         raise error(field, "must not be empty")

@@ -219,3 +219,10 @@ def test_pruning_keeps_live_tasks_and_unsent_replies(db_url, clock):
 
 def test_info_publishes_the_retention_period(store):
     assert store.info()["retention_seconds"] == store.settings.retention
+
+
+@pytest.mark.parametrize("field", ["message_id", "queue", "correlation_id"])
+def test_a_text_field_with_nul_is_refused_on_every_backend(store, auth, field):
+    with pytest.raises(postroom.InvalidEnvelope, match=field):
+        store.receive(auth, envelope(**{"message_id": "m-1", field: "a\x00b"}))
+    assert count_tasks(store) == 0

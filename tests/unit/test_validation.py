@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from postroom import InvalidInput
-from postroom.validation import DEFAULT_LIMITS, check_json
+from postroom.validation import DEFAULT_LIMITS, check_json, check_text
 
 
 @pytest.mark.parametrize(("payload", "field", "problem"), [
@@ -18,3 +18,15 @@ def test_text_that_is_not_utf8_is_refused_at_its_dotted_path(payload, field, pro
     with pytest.raises(InvalidInput, match=problem) as refused:
         check_json(payload, "payload", limits=DEFAULT_LIMITS, require_object=True)
     assert refused.value.field == field
+
+
+@pytest.mark.parametrize("text", ["\x00", "m-\x00", "\x00m"])
+def test_text_fields_refuse_nul_which_postgresql_cannot_store(text):
+    with pytest.raises(InvalidInput, match="U\\+0000") as refused:
+        check_text(text, "queue", max_bytes=128)
+    assert refused.value.field == "queue"
+
+
+def test_nul_inside_json_is_escaped_and_accepted():
+    assert check_json({"k\x00": "v\x00"}, "payload", limits=DEFAULT_LIMITS,
+                      require_object=True) == '{"k\\u0000":"v\\u0000"}'
