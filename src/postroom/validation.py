@@ -240,7 +240,7 @@ def check_envelope(principal: str, envelope: Mapping[str, object], *,
                             max_bytes=limits.text_bytes, error=e)
     sender = check_text(envelope.get("sender"), "sender", max_bytes=limits.text_bytes, error=e)
     kind = envelope.get("kind", "task")
-    if kind != "task" or type(kind) is not str:
+    if type(kind) is not str or kind != "task":  # the type first: == may run foreign code
         raise e("kind", f"only 'task' enters the work queue, got {kind!r}")
     payload = check_json(envelope.get("payload"), "payload", limits=limits,
                          require_object=True, error=e)

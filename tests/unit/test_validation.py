@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from postroom import InvalidInput
-from postroom.validation import DEFAULT_LIMITS, check_json, check_text
+from postroom import InvalidEnvelope, InvalidInput
+from postroom.validation import DEFAULT_LIMITS, check_envelope, check_json, check_text
 
 
 @pytest.mark.parametrize(("payload", "field", "problem"), [
@@ -30,3 +30,21 @@ def test_text_fields_refuse_nul_which_postgresql_cannot_store(text):
 def test_nul_inside_json_is_escaped_and_accepted():
     assert check_json({"k\x00": "v\x00"}, "payload", limits=DEFAULT_LIMITS,
                       require_object=True) == '{"k\\u0000":"v\\u0000"}'
+
+
+class Uncomparable:
+    """A value whose comparisons raise, as a hostile or buggy caller's object might."""
+
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("compared")
+
+    __ne__ = __eq__
+    __hash__ = object.__hash__
+
+
+def test_a_kind_that_cannot_be_compared_is_refused_not_crashed_on():
+    fields = {"message_id": "m", "sender": "p", "payload": {}, "deadline": 1.0,
+              "kind": Uncomparable()}
+    with pytest.raises(InvalidEnvelope) as refused:
+        check_envelope("p", fields, limits=DEFAULT_LIMITS)
+    assert refused.value.field == "kind"
