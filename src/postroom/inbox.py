@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from postroom import transitions
-from postroom.errors import PayloadCollision, Unauthorized
+from postroom.errors import InvalidInput, PayloadCollision, Unauthorized
 from postroom.models import Ack, AuthContext, Envelope, Position, TaskState
 from postroom.settings import Settings
 from postroom.store.database import Operation, Tx
@@ -11,7 +11,7 @@ from postroom.transitions import ReplyContent, TaskDecision
 from postroom.validation import CheckedEnvelope, check_envelope, check_int, check_text
 
 __all__ = ["RECEIVE", "RECEIVE_ATOMIC", "check", "check_position", "insert_reply",
-           "store_message", "watermark"]
+           "principal_of", "store_message", "watermark"]
 
 RECEIVE = Operation("receive")
 RECEIVE_ATOMIC = Operation("receive_atomic")
@@ -19,11 +19,20 @@ RECEIVE_ATOMIC = Operation("receive_atomic")
 _MAX_SEQ = 2**63 - 1
 
 
-def check(settings: Settings, auth: AuthContext, envelope: Envelope) -> CheckedEnvelope:
-    """Authorize the principal and validate the envelope; nothing is written either way."""
+def principal_of(settings: Settings, auth: AuthContext) -> str:
+    """The authenticated principal, as text; ``Unauthorized`` if it cannot be an identity."""
     if not isinstance(auth, AuthContext):
         raise Unauthorized("an AuthContext from a trusted adapter is required")
-    principal = auth.principal
+    try:
+        return check_text(auth.principal, "principal", max_bytes=settings.limits.text_bytes)
+    except InvalidInput as exc:
+        # No sender can equal such a principal, and it cannot key an identity either.
+        raise Unauthorized(f"the principal is not a usable identity: {exc.problem}") from None
+
+
+def check(settings: Settings, auth: AuthContext, envelope: Envelope) -> CheckedEnvelope:
+    """Authorize the principal and validate the envelope; nothing is written either way."""
+    principal = principal_of(settings, auth)
     allowed = settings.allowed_sources
     if allowed is not None and principal not in allowed:
         raise Unauthorized(f"principal {principal!r} is not an allowed source")

@@ -134,9 +134,10 @@ class Store:
 
     def watermark(self, auth: AuthContext, stream: str) -> int:
         """The highest ``seq`` of ``stream`` such that every lower one is stored (0: none)."""
+        principal = inbox.principal_of(self._settings, auth)
         check_text(stream, "stream", max_bytes=self._settings.limits.text_bytes)
         with self._db.read() as tx:
-            return inbox.watermark(tx, auth.principal, stream)
+            return inbox.watermark(tx, principal, stream)
 
     # -- tasks ----------------------------------------------------------------------------------
 
