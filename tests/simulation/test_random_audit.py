@@ -9,6 +9,7 @@ a receiver that drops effects) must be reported with its seed, step and operatio
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -18,6 +19,7 @@ from postroom.receiver import Receiver
 from postroom.simulation import run_rounds, run_seed
 from postroom.store import dialect as dialect_module
 from postroom.store.dialect import Dialect
+from postroom.store.queries import QuerySet
 
 SEEDS = (0, 1, 2)
 OPS = 100
@@ -72,14 +74,12 @@ def test_a_reported_violation_reproduces_from_its_seed(make_url, monkeypatch):
 
 def test_a_guard_that_forgets_the_fence_is_reported(make_url, monkeypatch):
     def unfenced(fragments, convert):
-        queries = load_queries(fragments, convert)
+        queries = dict(load_queries(fragments, convert))
         for name in ("task_apply_owned", "task_renew"):
-            query = queries[name]
-            assert "AND fence = :fence" in query.sql
-            queries._queries[name] = type(query)(
-                name=name, description=query.description, writes=query.writes,
-                sql=query.sql.replace("AND fence = :fence", ""))
-        return queries
+            assert "AND fence = :fence" in queries[name].sql
+            queries[name] = replace(queries[name],
+                                    sql=queries[name].sql.replace("AND fence = :fence", ""))
+        return QuerySet(queries)
 
     load_queries = dialect_module.load_queries
     monkeypatch.setattr(dialect_module, "load_queries", unfenced)
