@@ -47,7 +47,6 @@ from postroom.transitions import reply_id_for
 from postroom.transports import Transport
 from postroom.validation import (
     CheckedEnvelope,
-    check_envelope,
     check_json,
     check_text,
     follow_up_principal,
@@ -390,7 +389,9 @@ class Store:
     def _follow_ups(self, claim: Claim, follow_ups: Sequence[FollowUp]) -> list[CheckedEnvelope]:
         seen: set[str] = set()
         checked = []
-        principal = follow_up_principal(claim.task_id)
+        parent = inbox.Parent(task_id=claim.task_id, principal=claim.principal,
+                              deadline=claim.deadline, hops=claim.hops, queue=claim.queue)
+        namespace = follow_up_principal(claim.task_id)
         for index, follow_up in enumerate(follow_ups):
             if not isinstance(follow_up, FollowUp):
                 raise InvalidInput(f"follow_ups[{index}]", "must be a FollowUp")
@@ -398,19 +399,8 @@ class Store:
                 raise InvalidInput(f"follow_ups[{index}].message_id",
                                    f"{follow_up.message_id!r} appears twice")
             seen.add(follow_up.message_id)
-            fields = {
-                "message_id": follow_up.message_id,
-                "sender": claim.principal,
-                "payload": follow_up.payload,
-                "deadline": claim.deadline if follow_up.deadline is None else follow_up.deadline,
-                "max_attempts": follow_up.max_attempts,
-                "hops": claim.hops + 1,
-                "queue": claim.queue if follow_up.queue is None else follow_up.queue,
-                "correlation_id": follow_up.correlation_id,
-                "parent_task_id": claim.task_id,
-            }
-            checked.append(_indexed(index, check_envelope, principal, fields,
-                                    limits=self._settings.limits, prefix="follow_ups"))
+            checked.append(_indexed(index, inbox.check_follow_up, self._settings, follow_up,
+                                    parent, namespace=namespace, prefix="follow_ups"))
         return checked
 
 
