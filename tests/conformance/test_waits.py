@@ -444,3 +444,17 @@ def test_unconsumed_continuations_are_listed_oldest_first_and_survive_a_restart(
             reopened.resume(continuation.flow, continuation.step, continuation.generation, None)
         assert reopened.continuations() == []
 
+
+def test_pruning_keeps_a_task_while_its_wait_may_still_need_it(db_url, clock, transport):
+    settings = postroom.Settings(retention=60.0)
+    with postroom.open_store(db_url, clock=clock, settings=settings) as store:
+        ask = store.receive(postroom.AuthContext(principal="planner"), envelope("ask"))
+        store.open_wait(FLOW, STEP, 0, START + 1000, task_id=ask.task_id)
+        store.finish(store.claim("w"), "asked")
+        store.dispatch(transport)
+        clock.advance(120)
+        assert store.prune() == 0
+        store.signal(ALICE, "e1", FLOW, STEP, 1, "yes")
+        assert store.prune() == 0
+        store.resume(FLOW, STEP, 1, None)
+        assert store.prune() == 1
