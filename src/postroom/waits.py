@@ -69,6 +69,7 @@ __all__ = [
     "EXPIRE_DUE",
     "MAX_GENERATION",
     "OPEN_WAIT",
+    "OPERATIONS",
     "RESUME",
     "SIGNAL",
     "OpenRequest",
@@ -93,6 +94,8 @@ SIGNAL = Operation("signal")
 EXPIRE = Operation("expire")
 EXPIRE_DUE = Operation("expire_due")
 RESUME = Operation("resume")
+#: Every wait operation (each has its commit fault points, and some have seams).
+OPERATIONS = (OPEN_WAIT, SIGNAL, EXPIRE, EXPIRE_DUE, RESUME)
 
 _AFTER_WAIT_INSERT = faults.point(
     "open_wait.after_wait_insert",

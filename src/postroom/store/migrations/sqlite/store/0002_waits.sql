@@ -68,8 +68,8 @@ CREATE TABLE wait_continuations (
     FOREIGN KEY (flow, step, generation) REFERENCES waits (flow, step, generation)
 );
 -- A restarted process lists what is left to resume from the head of this index.
-CREATE INDEX wait_continuations_unconsumed ON wait_continuations (created_at)
-    WHERE consumed_at IS NULL;
+CREATE INDEX wait_continuations_unconsumed
+    ON wait_continuations (created_at, flow, step, generation) WHERE consumed_at IS NULL;
 
 -- The local effect of a consumed continuation: at most one, by its key.
 CREATE TABLE wait_effects (
