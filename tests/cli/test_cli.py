@@ -56,3 +56,16 @@ def test_every_command_is_documented_in_the_readme():
     readme = (Path(__file__).parents[2] / "README.md").read_text("utf-8")
     for name in main.commands:
         assert f"postroom {name}" in readme, f"`postroom {name}` is not in the README"
+
+
+def test_demo_waits_tells_the_durable_flow_and_succeeds():
+    result = run("demo", "waits")
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    for evidence in ("open_wait -> opened 1", "generation 1: waiting", "times out 1 wait",
+                     "hops 1, parent refund-17: True", "open_wait -> opened 2",
+                     "generation 2: accepted", "replay of accepted",
+                     "time high-water unchanged: True", "stale_generation",
+                     "exit code 73", "continuations 0", "resume again: replay",
+                     "another claim finds nothing", "audit      clean", "every step held"):
+        assert evidence in out, evidence
