@@ -51,7 +51,7 @@ RETURNING generation
 -- Waiting generations whose deadline has come, earliest first (bounded sweep).
 SELECT flow, step, generation FROM waits
 WHERE state = 'waiting' AND deadline <= :now
-ORDER BY deadline
+ORDER BY deadline, flow, step, generation
 LIMIT :limit
 
 -- name: wait_receipt_get

@@ -29,8 +29,9 @@ CREATE TABLE waits (
 );
 -- At most one generation of a slot is waiting.
 CREATE UNIQUE INDEX waits_one_waiting ON waits (flow, step) WHERE state = 'waiting';
--- The sweep of due waits reads the head of this index.
-CREATE INDEX waits_due ON waits (deadline) WHERE state = 'waiting';
+-- The sweep of due waits reads the head of this index, in one total order (so concurrent
+-- sweepers lock slots in the same order).
+CREATE INDEX waits_due ON waits (deadline, flow, step, generation) WHERE state = 'waiting';
 -- Pruning keeps a task while a wait still needs it as the parent of its follow-up.
 CREATE INDEX waits_by_task ON waits (task_id) WHERE task_id IS NOT NULL;
 -- A registration's request id answers for one generation of its slot.
