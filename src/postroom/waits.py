@@ -235,12 +235,12 @@ def follow_up_namespace(address: WaitAddress) -> str:
 def open_wait(tx: Tx, request: OpenRequest) -> WaitOpening:
     """Compare-and-set the slot to ``expected + 1`` and insert that generation, waiting."""
     flow, step = request.flow, request.step
+    current = _lock_slot(tx, flow, step)
     if request.request_id is not None:
         earlier = tx.one("wait_by_request", flow=flow, step=step,
                          request_id=request.request_id)
         if earlier is not None:
             return _replayed_opening(request, earlier)
-    current = _lock_slot(tx, flow, step)
     state: WaitState | None = None
     consumed = False
     if current == request.expected and current > 0:
@@ -259,9 +259,9 @@ def open_wait(tx: Tx, request: OpenRequest) -> WaitOpening:
     moved = (tx.one("wait_slot_create", **slot) if current == 0
              else tx.one("wait_slot_advance", expected=current, **slot))
     if moved is None:
-        # Another registration created the slot first (only where writers run concurrently).
-        return WaitOpening(result=OpenResult.STALE, flow=flow, step=step,
-                           generation=_lock_slot(tx, flow, step))
+        # Another registration created the slot first (only where writers run concurrently,
+        # and only for a new slot: an existing one is locked). Decide again on what it wrote.
+        return open_wait(tx, request)
     tx.run("wait_insert", deadline=request.deadline, task_id=request.task_id,
            request_id=request.request_id, now=tx.now, **slot)
     faults.hit(_AFTER_WAIT_INSERT)
