@@ -16,14 +16,13 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from postroom.audit import audit_url
 from postroom.clock import ManualClock
+from postroom.demo import _START, Checks
 from postroom.models import AuthContext, Envelope, FollowUp
 from postroom.store.core import Store
 
 __all__ = ["run_waits_demo"]
 
-_START = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 FLOW, STEP = "refund-17", "approval"
 _ALICE = AuthContext(principal="alice")
 
@@ -63,13 +62,7 @@ def run_waits_demo(echo: Callable[[str], None] = print, folder: Path | None = No
 
 
 def _story(echo: Callable[[str], None], url: str) -> bool:
-    ok = True
-
-    def check(condition: bool, what: str) -> None:
-        nonlocal ok
-        if not condition:
-            ok = False
-            echo(f"   !! expected: {what}")
+    check = Checks(echo)
 
     def at(seconds: float) -> str:
         return f"+{seconds - _START:g}s"
@@ -181,11 +174,5 @@ def _story(echo: Callable[[str], None], url: str) -> bool:
     info = store.info()
     store.close()
 
-    violations = audit_url(url)
-    echo(f"14. audit      {'clean' if not violations else 'VIOLATIONS'}: SPEC §8 invariants "
-         f"(waits {info['waits']}, tasks {info['tasks']})")
-    for violation in violations:
-        echo(f"               {violation}")
-    check(not violations, "a clean audit")
-    echo("\n" + ("every step held" if ok else "SOMETHING DID NOT HOLD"))
-    return ok
+    return check.closing_audit("14. audit      ", [url],
+                               f"(waits {info['waits']}, tasks {info['tasks']})")

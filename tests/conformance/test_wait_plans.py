@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import postroom
+from tests.conformance.test_plans import explain
 from tests.support import START
 
 TABLES = ("waits", "wait_slots", "wait_receipts", "wait_continuations", "wait_effects")
@@ -54,9 +55,5 @@ def populated(store, clock):
 
 @pytest.mark.parametrize("name", sorted(HOT_QUERIES))
 def test_wait_query_uses_an_index_not_a_scan_or_sort(populated, name):
-    dialect = populated.database.dialect
-    query = dialect.queries[name]
-    with dialect.connection() as conn:
-        lines = dialect.explain(conn, query.sql, HOT_QUERIES[name])
-    assert lines, "no plan"
-    assert plan_problems(dialect.name, lines) == [], "\n".join(lines)
+    lines = explain(populated, name, HOT_QUERIES[name])
+    assert plan_problems(populated.database.dialect.name, lines) == [], "\n".join(lines)
