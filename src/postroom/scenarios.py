@@ -281,10 +281,9 @@ _OPERATIONS: dict[str, Callable[[Store, Step, dict[str, str]], Report]] = {
 
 def _state(store: Store, tasks: dict[str, str]) -> Report:
     """Every wait record, summarized; read in one snapshot."""
-    database = store.database
-    with database.read() as tx:
-        rows = {name: [dict(row) for row in tx.execute(sql).fetchall()]
-                for name, sql in _STATE_QUERIES.items()}
+    with store.database.read() as tx:
+        rows = {name: [dict(row) for row in tx.all(query)]
+                for name, query in _STATE_QUERIES.items()}
     names = {task_id: name for name, task_id in tasks.items()}
 
     def address(row: dict[str, Any]) -> str:
@@ -307,16 +306,10 @@ def _state(store: Store, tasks: dict[str, str]) -> Report:
 
 
 _STATE_QUERIES = {
-    "waits": "SELECT flow, step, generation, state FROM waits "
-             "ORDER BY flow, step, generation",
-    "receipts": "SELECT principal, event_id, result FROM wait_receipts "
-                "ORDER BY principal, event_id",
-    "continuations": "SELECT flow, step, generation, kind, consumed_at FROM wait_continuations "
-                     "ORDER BY flow, step, generation",
-    "effects": "SELECT wait_effects.flow, wait_effects.step, wait_effects.generation, "
-               "wait_effects.task_id, tasks.parent_task_id, tasks.hops FROM wait_effects "
-               "LEFT JOIN tasks ON tasks.task_id = wait_effects.task_id "
-               "ORDER BY wait_effects.flow, wait_effects.step, wait_effects.generation",
-    "tasks": "SELECT state, count(*) AS n FROM tasks GROUP BY state ORDER BY state",
-    "clock": "SELECT high_water FROM postroom_clock WHERE id = 1",
+    "waits": "waits_listing",
+    "receipts": "wait_receipts_listing",
+    "continuations": "wait_continuations_listing",
+    "effects": "wait_effects_listing",
+    "tasks": "task_counts",
+    "clock": "clock_read",
 }

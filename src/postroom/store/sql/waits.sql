@@ -120,3 +120,24 @@ SELECT state, count(*) AS n FROM waits GROUP BY state
 -- name: continuations_unconsumed_count
 -- How many continuations are waiting to be resumed.
 SELECT count(*) AS n FROM wait_continuations WHERE consumed_at IS NULL
+
+-- name: waits_listing
+-- Every wait generation and its state, in address order (for reports and scenarios).
+SELECT flow, step, generation, state FROM waits ORDER BY flow, step, generation
+
+-- name: wait_receipts_listing
+-- Every signal receipt and its outcome, in key order (for reports and scenarios).
+SELECT principal, event_id, result FROM wait_receipts ORDER BY principal, event_id
+
+-- name: wait_continuations_listing
+-- Every continuation, consumed or not, in address order (for reports and scenarios).
+SELECT flow, step, generation, kind, consumed_at FROM wait_continuations
+ORDER BY flow, step, generation
+
+-- name: wait_effects_listing
+-- Every effect with its follow-up's parent and hops, in address order (for reports).
+SELECT wait_effects.flow, wait_effects.step, wait_effects.generation, wait_effects.task_id,
+       tasks.parent_task_id, tasks.hops
+FROM wait_effects
+LEFT JOIN tasks ON tasks.task_id = wait_effects.task_id
+ORDER BY wait_effects.flow, wait_effects.step, wait_effects.generation
