@@ -1,7 +1,8 @@
 """A failure at any wait fault point leaves all or nothing, and the retry converges.
 
-In-process (an exception at the point); the real-subprocess crashes at the same points run in
-``postroom scenarios`` (group ``crash_windows``).
+In-process (an exception at the point), quick and on every backend; the same points kill a
+real subprocess in ``tests/crash`` (``wait_scenarios.py``) and in ``postroom scenarios``
+(group ``crash_windows``).
 """
 
 from __future__ import annotations
