@@ -365,7 +365,9 @@ class Store:
         """Consume a generation's continuation and apply its local effect in one transaction.
 
         The standard effect is a ``FollowUp``: a task with the wait's ``task_id`` as parent
-        and the parent's hops + 1. ``None`` consumes it with no follow-up. ``resumed`` the
+        and the parent's hops + 1; its queue and deadline default to the parent's (give
+        ``deadline=`` when the answer may come after the parent's own deadline). ``None``
+        consumes the continuation with no follow-up. ``resumed`` the
         first time; ``replay`` afterwards (with the first effect's task), never a second
         effect. ``NotFound`` if the generation has no continuation (yet).
         """
