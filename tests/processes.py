@@ -112,7 +112,7 @@ class Child:
         if "ready" not in self._line():
             raise ChildError(f"{self.name} did not start with READY{self._tail()}")
 
-    def go(self, step: str, *, now: float | None = None, **args: Any) -> None:
+    def go(self, step: str, /, *, now: float | None = None, **args: Any) -> None:
         """Tell the child to run ``step`` (at time ``now``, if given) without waiting."""
         assert self._process.stdin is not None
         line = json.dumps({"step": step, "args": args, "now": now})
@@ -125,7 +125,7 @@ class Child:
         return Answer(value=line.get("value"), error=line.get("error"),
                       message=line.get("message", ""))
 
-    def call(self, step: str, *, now: float | None = None, **args: Any) -> Any:
+    def call(self, step: str, /, *, now: float | None = None, **args: Any) -> Any:
         """Run ``step`` and return its value; ``ChildError`` if it raised."""
         self.go(step, now=now, **args)
         return self.answer().unwrap()
@@ -181,7 +181,7 @@ def spawn(count: int, *, name: str = "child", **options: Any) -> Iterator[list[C
         yield children
 
 
-def release(children: Sequence[Child], step: str, *, now: float | None = None,
+def release(children: Sequence[Child], step: str, /, *, now: float | None = None,
             **args: Any) -> list[Answer]:
     """GO: send ``step`` to every child back to back, then collect every answer, in order."""
     return release_each([(child, step, args) for child in children], now=now)

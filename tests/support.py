@@ -19,3 +19,8 @@ def envelope(message_id: str = "m-1", **fields: object) -> postroom.Envelope:
                                  "payload": {"n": 1}, "deadline": START + 3600}
     values.update(fields)
     return postroom.Envelope(**values)  # type: ignore[arg-type]
+
+
+def latest_schema(store: postroom.Store, component: str = "store") -> int:
+    """The newest schema version this postroom ships for ``component`` on the store's dialect."""
+    return store.database.dialect.migrations(component)[-1][0]

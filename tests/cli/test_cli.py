@@ -84,3 +84,16 @@ def test_random_audit_exits_non_zero_naming_the_seed_step_and_operation(monkeypa
     output = result.stdout  # older click mixes the progress bar (stderr) in: skip past it
     violation = json.loads(output[output.index("{"):])["violations"][0]
     assert {"seed", "step", "operation", "problems", "reproduce"} <= violation.keys()
+
+
+def test_demo_waits_tells_the_durable_flow_and_succeeds():
+    result = run("demo", "waits")
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    for evidence in ("open_wait -> opened 1", "generation 1: waiting", "times out 1 wait",
+                     "hops 1, parent refund-17: True", "open_wait -> opened 2",
+                     "generation 2: accepted", "replay of accepted",
+                     "time high-water unchanged: True", "stale_generation",
+                     "exit code 73", "continuations 0", "resume again: replay",
+                     "another claim finds nothing", "audit      clean", "every step held"):
+        assert evidence in out, evidence

@@ -11,8 +11,8 @@
   the same claim, or restart and reconcile when the claim died with the process), driving the
   task to the end; then ``converged(world)``.
 
-Another suite extends the table for its own operations, e.g.
-``CRASHES.update(commits("open_wait", OpenWait))``.
+Another suite keeps its own table for its own operations (``tests/crash/wait_scenarios.py``),
+and ``test_crash_points`` runs the union.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from postroom import Fenced, NotFound, Outcome, ReplyState, TaskState
 from postroom.audit import audit_url
 from postroom.transitions import reply_id_for
 from tests.crash.world import AUTH, RESULT, Refusing, World, task_id
-from tests.support import SETTINGS, START, envelope
+from tests.support import SETTINGS, START, envelope, latest_schema
 
 TASK = task_id("m-1")
 REPLY = reply_id_for(TASK)
@@ -54,6 +54,8 @@ class Crash:
 
     #: Whether the child opens the store and the receiver before its first step.
     opens = True
+    #: Modules the child imports for steps of its own (e.g. ``"tests.wait_steps"``).
+    modules: Sequence[str] = ()
 
     def setup(self, world: World) -> None:
         """Prepare the databases: by default one pending task, ``m-1``."""
@@ -446,7 +448,8 @@ class Migrate(CommitCrash):
         assert audit_url(world.store_url) == []
 
     def retry(self, world: World) -> None:
-        assert world.store.info()["schema_version"] == 1  # reopening succeeded
+        # reopening succeeded and brought the schema to its newest version
+        assert world.store.info()["schema_version"] == latest_schema(world.store)
         world.receive()
         world.work()
         world.dispatch()

@@ -14,7 +14,9 @@ import pytest
 
 import postroom  # noqa: F401 - importing postroom registers every module's fault points
 from postroom import faults
-from tests.crash.scenarios import CRASHES, Call, Crash
+from tests.crash.scenarios import CRASHES as TASK_CRASHES
+from tests.crash.scenarios import Call, Crash
+from tests.crash.wait_scenarios import WAIT_CRASHES
 from tests.crash.world import World
 from tests.processes import Child
 from tests.support import START
@@ -23,13 +25,14 @@ from tests.support import START
 CODE = 86
 
 POINTS = [p.name for p in faults.registered()]
+CRASHES: dict[str, Crash] = {**TASK_CRASHES, **WAIT_CRASHES}
 
 
 def crash_child(world: World, crash: Crash, point: str) -> None:
     """Run the scenario's steps in a child; the last one, with ``point`` armed, must kill it."""
     *before, last = crash.steps(world)
     urls = {"store": world.store_url, "receiver": world.receiver_url} if crash.opens else {}
-    child = Child(name=f"crash@{point}", now=world.clock.now(), **urls)
+    child = Child(name=f"crash@{point}", now=world.clock.now(), modules=crash.modules, **urls)
     try:
         child.ready()
         for step in before:
@@ -57,7 +60,7 @@ def test_a_crash_at_the_point_leaves_all_or_nothing_and_the_retry_converges(poin
     crash = CRASHES.get(point)
     if crash is None:
         pytest.fail(f"fault point {point!r} has no crash scenario: add it to CRASHES in "
-                    f"tests/crash/scenarios.py")
+                    f"tests/crash/scenarios.py (WAIT_CRASHES in wait_scenarios.py for waits)")
     world = World(make_url("store"), make_url("receiver"))
     try:
         crash.setup(world)

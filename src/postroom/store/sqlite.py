@@ -33,7 +33,8 @@ class SQLiteDialect(Dialect):
     """A single SQLite database file, shared by threads through one locked connection."""
 
     name: ClassVar[str] = "sqlite"
-    fragments: ClassVar[Mapping[str, str]] = {"skip_locked": ""}
+    # Row locks are not needed: BEGIN IMMEDIATE already serializes every write transaction.
+    fragments: ClassVar[Mapping[str, str]] = {"skip_locked": "", "for_update": ""}
     driver_error: ClassVar[type[BaseException]] = sqlite3.Error
 
     def __init__(self, path: str | Path, *, create: bool = True, busy_timeout: float = 30.0,
