@@ -9,6 +9,12 @@ effect; every state is explained by durable records.
     claim = store.claim("worker-1")
     store.finish(claim, {"answer": 42})
     store.dispatch(postroom.InProcessTransport(receiver))
+
+    opened = store.open_wait("refund-17", "approval", 0, deadline)      # ask, with a deadline
+    store.signal(postroom.AuthContext(principal="alice"), "mail-1", "refund-17", "approval",
+                 opened.generation, {"approve": True})                   # the answer arrives
+    for c in store.continuations():                                      # after any restart
+        store.resume(c.flow, c.step, c.generation, None)                 # exactly once
 """
 
 from postroom.clock import Clock, ManualClock, SystemClock
@@ -34,9 +40,13 @@ from postroom.models import (
     Ack,
     AuthContext,
     Claim,
+    Continuation,
+    ContinuationKind,
     DispatchReport,
     Envelope,
+    ExpireResult,
     FollowUp,
+    OpenResult,
     Outcome,
     OutcomeKind,
     Outgoing,
@@ -47,8 +57,15 @@ from postroom.models import (
     ReplyClaim,
     ReplyState,
     Requeue,
+    ResumeResult,
+    Resumption,
+    SignalReceipt,
+    SignalResult,
     Task,
     TaskState,
+    Wait,
+    WaitOpening,
+    WaitState,
 )
 from postroom.receiver import Receiver
 from postroom.settings import ExponentialBackoff, FixedBackoff, Settings
@@ -66,9 +83,12 @@ __all__ = [
     "Claim",
     "Clock",
     "Conflict",
+    "Continuation",
+    "ContinuationKind",
     "DeliveryError",
     "DispatchReport",
     "Envelope",
+    "ExpireResult",
     "ExponentialBackoff",
     "Fenced",
     "FixedBackoff",
@@ -79,6 +99,7 @@ __all__ = [
     "Limits",
     "ManualClock",
     "NotFound",
+    "OpenResult",
     "Outcome",
     "OutcomeKind",
     "OutcomeUnknown",
@@ -94,8 +115,12 @@ __all__ = [
     "ReplyClaim",
     "ReplyState",
     "Requeue",
+    "ResumeResult",
+    "Resumption",
     "SchemaError",
     "Settings",
+    "SignalReceipt",
+    "SignalResult",
     "Store",
     "StoreError",
     "StoreUnavailable",
@@ -105,6 +130,9 @@ __all__ = [
     "TransientDeliveryError",
     "Transport",
     "Unauthorized",
+    "Wait",
+    "WaitOpening",
+    "WaitState",
     "Waiter",
     "__version__",
     "open_store",

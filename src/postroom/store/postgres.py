@@ -136,6 +136,7 @@ class PostgresDialect(Dialect):
     name: ClassVar[str] = "postgres"
     fragments: ClassVar[Mapping[str, str]] = {
         "skip_locked": "FOR UPDATE SKIP LOCKED",
+        "for_update": "FOR UPDATE",
         "server_time": "CAST(extract(epoch FROM clock_timestamp()) AS DOUBLE PRECISION)",
     }
     driver_error: ClassVar[type[BaseException]] = psycopg.Error
