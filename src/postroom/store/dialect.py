@@ -119,9 +119,16 @@ class Dialect(ABC):
         """Which ``postroom_clock`` row this transaction's decision time is recorded in."""
         return 1
 
+    def time_to_record(self, tx: Tx) -> bool:
+        """Whether ``tx`` must persist its time: it wrote something and time moved forward.
+
+        (A replay or a refused request writes nothing, so it does not move time.)
+        """
+        return tx.wrote and tx.now > tx.high_water
+
     def record_time(self, tx: Tx) -> None:
-        """Persist the time a transaction used, if it wrote anything and time moved forward."""
-        if tx.wrote and tx.now > tx.high_water:
+        """Persist the time a transaction used, when ``time_to_record`` says so."""
+        if self.time_to_record(tx):
             tx.run("clock_advance", now=tx.now, shard=self.clock_shard(tx))
 
     def retry_delay(self, exc: PostroomError, attempt: int) -> float | None:

@@ -47,6 +47,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import psycopg
@@ -112,15 +113,21 @@ _BEFORE_COMMIT = (
     "SELECT CAST(pg_current_xact_id_if_assigned() AS TEXT) AS xid, "
     "(SELECT count(pg_notify(%(channel)s, payload)) "
     " FROM unnest(CAST(%(payloads)s AS TEXT[])) AS payload) AS notified")
+# The same, after advancing the high-water row with the shared ``clock_advance`` statement:
+# the FROM clause runs the update first, so the id read afterwards is the final one.
+_ADVANCE_BEFORE_COMMIT = (
+    "WITH advanced AS ({advance} RETURNING id) " + _BEFORE_COMMIT
+    + " FROM (SELECT count(*) AS advanced FROM advanced) AS clock")
 
 
 class _Session:
     """One pooled connection lent for one transaction, and what a lost COMMIT needs."""
 
-    __slots__ = ("pg", "resolvable", "xid")
+    __slots__ = ("advance", "pg", "resolvable", "xid")
 
     def __init__(self, pg: psycopg.Connection[Any]) -> None:
         self.pg = pg
+        self.advance: dict[str, Any] | None = None  # the high-water to record at commit
         self.resolvable = False  # before_commit ran: ``xid`` is known (None: nothing written)
         self.xid: str | None = None
 
@@ -210,23 +217,37 @@ class PostgresDialect(Dialect):
         """
         conn.resolvable = False
         conn.xid = None
+        conn.advance = None
         pg = conn.pg
         pg.isolation_level = (psycopg.IsolationLevel.READ_COMMITTED if write
                               else psycopg.IsolationLevel.REPEATABLE_READ)
         pg.read_only = not write
 
+    def record_time(self, tx: Tx) -> None:
+        """Note the time to record; ``before_commit`` records it (saving a round trip)."""
+        session: _Session = tx.conn
+        session.advance = ({"now": tx.now, "shard": self.clock_shard(tx)}
+                           if self.time_to_record(tx) else None)
+
     def before_commit(self, tx: Tx) -> None:
-        """Emit the transaction's wake-ups and note its id, in one statement.
+        """Record the high-water, emit the wake-ups and note the transaction id: one statement.
 
         A transaction that wrote nothing has nothing to lose if its COMMIT is lost; one that
         wrote has an id, by which ``commit`` can learn its fate.
         """
         session: _Session = tx.conn
-        if tx.wrote or tx.channels:
-            row = _one(self.execute(session, _BEFORE_COMMIT, {
-                "channel": self.channel, "payloads": sorted(tx.channels)}))
-            session.xid = row["xid"]
+        if tx.wrote or tx.channels or session.advance:
+            params = {"channel": self.channel, "payloads": sorted(tx.channels)}
+            sql = _BEFORE_COMMIT
+            if session.advance:
+                params.update(session.advance)
+                sql = self._advance_before_commit
+            session.xid = _one(self.execute(session, sql, params))["xid"]
         session.resolvable = True
+
+    @cached_property
+    def _advance_before_commit(self) -> str:
+        return _ADVANCE_BEFORE_COMMIT.format(advance=self.queries["clock_advance"].sql)
 
     def commit(self, conn: _Session) -> None:
         """Commit; a connection lost during COMMIT is resolved, never guessed (see the module)."""
