@@ -22,12 +22,19 @@ decision time is at least D's. Transactions that overlap in time are concurrent:
 the other's decision, and any row both touch is serialized by its row lock and re-checked by
 the guarded statement, which compares against the row as the winner left it.
 
-**Commits.** Every write transaction notes its transaction id just before COMMIT (with the
-wake-ups it emits, in the same statement). If the connection dies while COMMIT is in flight,
-the outcome is looked up on a fresh connection with ``pg_xact_status``: committed means the
-work is done and its result is returned as usual; aborted means nothing happened and the
-transaction may be run again; if the server cannot be asked in time the caller gets
-``OutcomeUnknown``, never a silent retry that could apply a transition twice.
+**Commits and retries.** A failure before COMMIT is sent rolls the whole transaction back
+(the server discards an aborted or orphaned transaction), so it is ``StoreUnavailable`` and
+``Database.run`` may run the work again: serialization failures, deadlocks, a session ended
+by the server or a connection lost mid-transaction. A connection lost while COMMIT is in
+flight is different: the server may have made the commit durable and lost only its reply, and
+running the work again would apply it twice (a second claim of other tasks, a finish answered
+``Fenced`` although it succeeded). So each write transaction notes its transaction id in its
+last statement before COMMIT (which also records the high-water and emits the wake-ups, one
+round trip for all three), and a lost COMMIT is looked up on a fresh connection with
+``pg_xact_status``: committed means the work is done and its result is returned as usual;
+aborted means nothing happened and it is ``StoreUnavailable`` (retried); still in progress is
+asked again; and if the server cannot be asked in time, the caller gets ``OutcomeUnknown``,
+which is never retried.
 
 **Wake-ups.** ``Tx.notify`` channels are sent with ``pg_notify`` inside the transaction, once
 per channel, so listeners hear of work only if it committed. A store has one NOTIFY channel,
@@ -35,7 +42,10 @@ named after its schema (two stores in one database do not wake each other), and 
 names the postroom channel (a queue, or the replies). Each store has one listening
 connection (started by the first ``Store.waiter``) that feeds the process's ``Wakeups`` hub;
 after it (re)connects it wakes every waiter, because announcements made while it was deaf
-are lost and only a poll can find their work.
+are lost and only a poll can find their work. Debouncing happens at both ends: a transaction
+emits a channel once however many tasks it made claimable, and a waiter woken by a burst of
+announcements wakes once (the hub counts them; it does not queue them). Sending no more than
+that matters: PostgreSQL serializes the commits of notifying transactions on one lock.
 """
 
 from __future__ import annotations
