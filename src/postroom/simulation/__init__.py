@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from postroom.simulation import waits  # noqa: F401 - importing it registers waits in the tables
 from postroom.simulation.rounds import RoundsResult, run_rounds
 from postroom.simulation.runner import SeedResult, Violation, run_seed
 from postroom.simulation.world import UrlFactory
