@@ -133,7 +133,8 @@ class WaitModel:
     """The databases as a call must leave them: the snapshot before it plus the call's writes.
 
     Only the wait tables are modelled row by row; every other table must be left as it was,
-    except the follow-up tasks a resume names (``follow_ups``), checked by the caller.
+    except for the follow-up tasks a resume enqueues (``follow_ups``, each held to its parent
+    and effect) and the replies of those born terminal.
     """
 
     def __init__(self, step: Step) -> None:
@@ -317,6 +318,13 @@ def _deadline(world: World) -> float:
     return now + rng.uniform(low, high)
 
 
+def _later(world: World) -> None:
+    """A repeat often comes some time after the original: then a repeat that moved the time
+    high-water (which only a write may do) would show."""
+    if world.rng.random() < 0.5:
+        world.clock.advance(world.rng.uniform(0.1, 30.0))
+
+
 def _fresh(world: World, prefix: str) -> str:
     world.counter += 1
     return f"{prefix}-{world.counter}"
@@ -400,6 +408,7 @@ def plan_open_wait_retry(world: World) -> Action | None:
         return None
     address, row = world.rng.choice(asked)
     deadline = row["deadline"] if world.rng.random() < 0.8 else row["deadline"] + 1.0
+    _later(world)
     return _open(address[:2], address[2] - 1, deadline, row["request_id"], row["task_id"])
 
 
@@ -498,6 +507,7 @@ def plan_signal_replay(world: World) -> Action | None:
     opened = [r for r in receipts if r["result"] == SignalResult.UNKNOWN_WAIT
               and (r["flow"], r["step"], r["generation"]) in _waits(world.last)]
     row = _pick(world, receipts, opened, chance=0.4)
+    _later(world)
     return _signal(row["principal"], row["event_id"],
                    (row["flow"], row["step"], row["generation"]), json.loads(row["value"]))
 
@@ -514,6 +524,7 @@ def plan_signal_conflict(world: World) -> Action | None:
         value = {"changed": _fresh(world, "value")}
     else:
         address = (row["flow"], row["step"], row["generation"] + 1)
+    _later(world)
     return _signal(row["principal"], row["event_id"], address, value)
 
 
