@@ -12,15 +12,13 @@ import os
 import textwrap
 from collections import Counter
 
-import pytest
-
 from postroom import transitions, waits
 from postroom.models import ContinuationKind, SignalResult
 from postroom.simulation import run_seed, run_wait_rounds
 from postroom.simulation.operations import OPERATIONS
 from postroom.simulation.waits import WAIT_OPERATIONS
+from tests.simulation.test_random_audit import SEEDS, first_violation
 
-SEEDS = (0, 1, 2)
 OPS = 200
 #: The wait operations with the receiving, clock and restart moves they need around them.
 MOSTLY_WAITS = WAIT_OPERATIONS + [operation for operation in OPERATIONS if operation.name in (
@@ -59,15 +57,6 @@ def test_two_small_wait_rounds_have_exactly_one_winner_per_contest(make_url):
     assert result.operations > 0
 
 
-def first_violation(make_url, ops: int = 400):
-    for seed in SEEDS:
-        result = run_seed(seed, ops, make_url)
-        if result.violation is not None:
-            return result.violation
-    pytest.fail("the planted bug went unnoticed")
-    raise AssertionError
-
-
 def test_an_accepted_signal_that_writes_no_continuation_is_reported(make_url, monkeypatch):
     original = waits._end
 
@@ -80,7 +69,7 @@ def test_an_accepted_signal_that_writes_no_continuation_is_reported(make_url, mo
         return None
 
     monkeypatch.setattr(waits, "_end", without_signal_continuation)
-    violation = first_violation(make_url)
+    violation = first_violation(make_url, ops=400)
     problems = " | ".join(violation.problems)
     assert "wait_continuations" in problems  # the operation's model
     assert "ended_wait_without_continuation" in problems  # the SPEC §8 audit
@@ -97,7 +86,7 @@ def test_a_replay_that_moves_the_time_high_water_is_reported(make_url, monkeypat
         return receipt
 
     monkeypatch.setattr(waits, "signal", leaky)
-    violation = first_violation(make_url)
+    violation = first_violation(make_url, ops=400)
     assert violation.operation.startswith("signal")
     assert any("time high-water is" in problem and "nothing written" in problem
                for problem in violation.problems)
@@ -111,7 +100,7 @@ def test_a_deadline_that_is_not_strict_is_reported(make_url, monkeypatch):
         return original(now=now - 1.0 if at_deadline else now, deadline=deadline, **rest)
 
     monkeypatch.setattr(transitions, "signal_wait", lenient)
-    violation = first_violation(make_url)
+    violation = first_violation(make_url, ops=400)
     assert violation.operation == "signal_at_deadline"
     problems = " | ".join(violation.problems)
     assert "expected too_late" in problems

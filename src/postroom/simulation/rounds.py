@@ -34,8 +34,8 @@ from postroom.store.core import Store
 from postroom.transitions import reply_id_for
 from postroom.transports import InProcessTransport
 
-__all__ = ["ROUND_QUEUES", "ROUND_SETTINGS", "RoundProcess", "RoundsResult", "delivered",
-           "drain", "release_processes", "run_rounds"]
+__all__ = ["ROUND_QUEUES", "ROUND_SETTINGS", "RoundProcess", "RoundsResult", "SharedStore",
+           "delivered", "drain", "release_processes", "run_rounds"]
 
 #: Short leases and backoffs: processes with skewed clocks take over each other's work.
 ROUND_SETTINGS = Settings(
@@ -85,6 +85,44 @@ class RoundProcess:
         return self.popen.returncode == -signal.SIGKILL
 
 
+class SharedStore:
+    """The store and receiver a round's processes share, as this process holds them.
+
+    This process has its own manual clock and connections, and keeps what the processes
+    were ACKed (``acked``), so it can check the databases between two moments of a round.
+    """
+
+    def __init__(self, urls: UrlFactory, seed: int) -> None:
+        self.clock = ManualClock(START)
+        self.store_url, self.receiver_url = urls("store"), urls("receiver")
+        self.store = Store.open(self.store_url, clock=self.clock, settings=ROUND_SETTINGS,
+                                seed=seed)
+        self.receiver = Receiver.open(self.receiver_url, clock=self.clock)
+        self.acked: set[str] = set()
+
+    def snapshot(self) -> Snapshot:
+        """Both databases now."""
+        return read_snapshot(self.store.database, self.receiver.database)
+
+    def checked(self, before: Snapshot) -> tuple[Snapshot, list[str]]:
+        """Both databases now, audited and checked against ``before``."""
+        after = self.snapshot()
+        step = Transition(forgets=False, retention=ROUND_SETTINGS.retention, acked=self.acked)
+        return after, (audit_problems(self.store.database, self.receiver.database)
+                       + check_transition(before, after, step))
+
+    def drained(self, before: Snapshot, result: RoundsResult) -> tuple[Snapshot, list[str]]:
+        """Drain the store (see ``drain``), then check it, every ACKed task delivered."""
+        _, problems = drain(self.store, self.receiver, self.clock, result)
+        after, found = self.checked(before)
+        return after, problems + found + delivered(after, self.acked)
+
+    def close(self) -> None:
+        """Close both databases."""
+        self.store.close()
+        self.receiver.close()
+
+
 def run_rounds(rounds: int, processes: int, urls: UrlFactory, *, seed: int = 0,
                ops: int = BURST_OPS, kill_rate: float = KILL_RATE,
                on_round: Callable[[], None] | None = None) -> RoundsResult:
@@ -93,28 +131,20 @@ def run_rounds(rounds: int, processes: int, urls: UrlFactory, *, seed: int = 0,
     if rounds <= 0:
         return result
     rng = random.Random(f"rounds/{seed}")
-    clock = ManualClock(START)
-    store_url, receiver_url = urls("store"), urls("receiver")
-    store = Store.open(store_url, clock=clock, settings=ROUND_SETTINGS, seed=seed)
-    receiver = Receiver.open(receiver_url, clock=clock)
-    acked: set[str] = set()
+    shared = SharedStore(urls, seed)
     try:
-        previous = read_snapshot(store.database, receiver.database)
+        previous = shared.snapshot()
         for number in range(rounds):
-            config = {"seed": seed, "round": number, "ops": ops, "store": store_url,
-                      "receiver": receiver_url,
-                      "base": max(clock.now(), previous.high_water) + 1.0}
+            config = {"seed": seed, "round": number, "ops": ops, "store": shared.store_url,
+                      "receiver": shared.receiver_url,
+                      "base": max(shared.clock.now(), previous.high_water) + 1.0}
             problems = _burst(config, count=processes, rng=rng, kill_rate=kill_rate,
-                              result=result, acked=acked)
-            burst = read_snapshot(store.database, receiver.database)
-            step = Transition(forgets=False, retention=ROUND_SETTINGS.retention, acked=acked)
-            problems += audit_problems(store.database, receiver.database)
-            problems += check_transition(previous, burst, step)
-            drained, drain_problems = drain(store, receiver, clock, result)
-            problems += drain_problems + audit_problems(store.database, receiver.database)
-            problems += check_transition(burst, drained, step) + delivered(drained, acked)
+                              result=result, acked=shared.acked)
+            burst, found = shared.checked(previous)
+            drained, more = shared.drained(burst, result)
+            problems += found + more
             result.rounds = number + 1
-            result.acked = len(acked)
+            result.acked = len(shared.acked)
             if problems:
                 result.violations.append({"round": number, "seed": seed,
                                           "problems": problems[:20]})
@@ -123,8 +153,7 @@ def run_rounds(rounds: int, processes: int, urls: UrlFactory, *, seed: int = 0,
             if on_round is not None:
                 on_round()
     finally:
-        store.close()
-        receiver.close()
+        shared.close()
     return result
 
 

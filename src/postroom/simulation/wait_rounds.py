@@ -25,22 +25,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from postroom.clock import ManualClock
 from postroom.models import AuthContext, Envelope
-from postroom.receiver import Receiver
-from postroom.simulation.checks import Transition, audit_problems, check_transition
 from postroom.simulation.rounds import (
     KILL_RATE,
-    ROUND_SETTINGS,
     RoundProcess,
     RoundsResult,
-    delivered,
-    drain,
+    SharedStore,
     release_processes,
 )
 from postroom.simulation.wait_burst import CONTESTS
 from postroom.simulation.waits import current
-from postroom.simulation.world import START, Row, Snapshot, UrlFactory, read_snapshot
+from postroom.simulation.world import Row, Snapshot, UrlFactory
 from postroom.store.core import Store
 from postroom.validation import task_id_for
 from postroom.waits import WaitAddress, follow_up_namespace
@@ -85,28 +80,17 @@ def run_wait_rounds(rounds: int, processes: int, urls: UrlFactory, *, seed: int 
     if rounds <= 0:
         return result
     rng = random.Random(f"wait-rounds/{seed}")
-    clock = ManualClock(START)
-    store_url, receiver_url = urls("store"), urls("receiver")
-    store = Store.open(store_url, clock=clock, settings=ROUND_SETTINGS, seed=seed)
-    receiver = Receiver.open(receiver_url, clock=clock)
-    acked: set[str] = set()
-    step = Transition(forgets=False, retention=ROUND_SETTINGS.retention, acked=acked)
-
-    def checked(before: Snapshot) -> tuple[Snapshot, list[str]]:
-        after = read_snapshot(store.database, receiver.database)
-        return after, (audit_problems(store.database, receiver.database)
-                       + check_transition(before, after, step))
-
+    shared = SharedStore(urls, seed)
     try:
-        previous = read_snapshot(store.database, receiver.database)
+        previous = shared.snapshot()
         for number in range(rounds):
-            base = max(clock.now(), previous.high_water) + 1.0
-            clock.set(base)
-            contest = _prepare(store, number, base)
-            acked.add(contest.parent)
-            prepared, problems = checked(previous)
+            base = max(shared.clock.now(), previous.high_water) + 1.0
+            shared.clock.set(base)
+            contest = _prepare(shared.store, number, base)
+            shared.acked.add(contest.parent)
+            prepared, problems = shared.checked(previous)
             order = rng.sample(CONTESTS, len(CONTESTS))
-            config = {"seed": seed, "round": number, "store": store_url, "base": base,
+            config = {"seed": seed, "round": number, "store": shared.store_url, "base": base,
                       "flow": contest.flow, "far": base + FAR, "deadline": contest.deadline,
                       "order": order, "ops": WAIT_BURST_OPS}
             started, burst_problems = release_processes(
@@ -115,17 +99,15 @@ def run_wait_rounds(rounds: int, processes: int, urls: UrlFactory, *, seed: int 
             result.processes += processes
             result.killed += sum(process.killed for process in started)
             result.operations += sum("op" in r for p in started for r in p.records)
-            burst, found = checked(prepared)
+            burst, found = shared.checked(prepared)
             problems += burst_problems + found
-            problems += _judge(contest, started, burst, result.winners, acked)
-            _settle(store, contest)
-            settled, found = checked(burst)
-            drained, drain_problems = drain(store, receiver, clock, result)
-            problems += found + drain_problems + _quiet(settled)
-            problems += audit_problems(store.database, receiver.database)
-            problems += check_transition(settled, drained, step) + delivered(drained, acked)
+            problems += _judge(contest, started, burst, result.winners, shared.acked)
+            _settle(shared.store, contest)
+            settled, found = shared.checked(burst)
+            drained, more = shared.drained(settled, result)
+            problems += found + _quiet(settled) + more
             result.rounds = number + 1
-            result.acked = len(acked)
+            result.acked = len(shared.acked)
             if problems:
                 result.violations.append({"wait_round": number, "seed": seed,
                                           "order": order, "problems": problems[:20]})
@@ -134,8 +116,7 @@ def run_wait_rounds(rounds: int, processes: int, urls: UrlFactory, *, seed: int 
             if on_round is not None:
                 on_round()
     finally:
-        store.close()
-        receiver.close()
+        shared.close()
     return result
 
 

@@ -658,6 +658,16 @@ def _check_follow_up(step: Step, task_id: str, parent: Row, effect: FollowUp) ->
     step.world.acked.add(task_id)
 
 
+def _resume(address: Address, effect: FollowUp | None) -> Action:
+    def act(step: Step) -> str:
+        model = WaitModel(step)
+        outcome = _resume_call(step, model, address, effect)
+        model.check()
+        return outcome
+
+    return act
+
+
 def plan_resume(world: World) -> Action:
     """Resume a continuation: mostly an unconsumed one, with the standard effect or none."""
     before = world.last
@@ -667,15 +677,7 @@ def plan_resume(world: World) -> Action:
     address = _pick(world, others, unconsumed, chance=0.85)
     wait = _waits(before).get(address)
     has_parent = wait is not None and wait["task_id"] is not None
-    effect = _effect(world, address, standard=0.75 if has_parent else 0.1)
-
-    def act(step: Step) -> str:
-        model = WaitModel(step)
-        outcome = _resume_call(step, model, address, effect)
-        model.check()
-        return outcome
-
-    return act
+    return _resume(address, _effect(world, address, standard=0.75 if has_parent else 0.1))
 
 
 def plan_resume_replay(world: World) -> Action | None:
@@ -685,15 +687,7 @@ def plan_resume_replay(world: World) -> Action | None:
     if not consumed:
         return None
     address = world.rng.choice(consumed)
-    effect = _effect(world, address, standard=0.5)
-
-    def act(step: Step) -> str:
-        model = WaitModel(step)
-        outcome = _resume_call(step, model, address, effect)
-        model.check()
-        return outcome
-
-    return act
+    return _resume(address, _effect(world, address, standard=0.5))
 
 
 def _check_listing(step: Step, limit: int) -> list[Address]:
