@@ -122,22 +122,30 @@ def drain(url: str, receiver_url: str | None, **options: Any) -> None:
               help="Multi-process rounds on one shared store.")
 @click.option("--processes", default=8, show_default=True, type=click.IntRange(1, 64),
               help="Processes per round, released together; some are SIGKILLed.")
+@click.option("--wait-rounds", default=40, show_default=True, type=click.IntRange(min=0),
+              help="Multi-process wait rounds: contested registrations, signals, deadlines "
+                   "and resumes, exactly one winner each.")
+@click.option("--wait-processes", default=12, show_default=True, type=click.IntRange(1, 64),
+              help="Processes per wait round, released together; some are SIGKILLed.")
 @click.option("--first-seed", default=0, show_default=True, type=click.IntRange(min=0),
               help="Seeds run from this one upwards (to reproduce a reported seed).")
 @click.option("--folder", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Keep the databases here for inspection (default: a temporary folder).")
-def random_audit(*, seeds: int, ops: int, rounds: int, processes: int, first_seed: int,
-                 folder: Path | None) -> None:
-    """Run mixed random operations with crashes over many seeds, then multi-process rounds.
+def random_audit(*, seeds: int, ops: int, rounds: int, processes: int, wait_rounds: int,
+                 wait_processes: int, first_seed: int, folder: Path | None) -> None:
+    """Run mixed random operations with crashes over many seeds, then multi-process rounds
+    of tasks, then multi-process rounds of waits.
 
-    The SPEC §8 invariants and the cross-step checks run after every operation. Prints a
-    JSON summary; exits 1 if anything was violated, naming the seed, step and operation.
+    The SPEC §8 invariants and the cross-step checks run after every operation and round.
+    Prints a JSON summary; exits 1 if anything was violated, naming the seed, step and
+    operation (or the round).
     """
     from postroom.simulation import random_audit as run
 
-    with click.progressbar(length=seeds * ops + rounds, label="random audit",
+    with click.progressbar(length=seeds * ops + rounds + wait_rounds, label="random audit",
                            file=sys.stderr) as bar:
         summary = run(seeds=seeds, ops=ops, rounds=rounds, processes=processes,
+                      wait_rounds=wait_rounds, wait_processes=wait_processes,
                       first_seed=first_seed, folder=folder, progress=bar.update)
     report = summary.to_dict()
     click.echo(json.dumps(report, indent=2))

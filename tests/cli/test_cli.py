@@ -61,14 +61,18 @@ def test_every_command_is_documented_in_the_readme():
 
 def test_random_audit_prints_a_clean_summary_and_exits_zero(tmp_path):
     result = run("random-audit", "--seeds", "2", "--ops", "40", "--rounds", "1",
-                 "--processes", "2", "--folder", str(tmp_path))
+                 "--processes", "2", "--wait-rounds", "1", "--wait-processes", "3",
+                 "--folder", str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads(result.stdout)
     assert (summary["seeds"], summary["operations"], summary["rounds"]) == (2, 80, 1)
+    assert (summary["wait_rounds"], summary["wait_processes_started"]) == (1, 3)
     assert summary["violations"] == []
     assert sum(summary["per_operation"].values()) == 80
-    assert sorted(path.name for path in tmp_path.iterdir())[:2] == [
-        "rounds-receiver.db", "rounds-store.db"]
+    assert sorted(path.name for path in tmp_path.iterdir())[:4] == [
+        "rounds-receiver.db", "rounds-store.db", "seed-0-receiver.db", "seed-0-store.db"]
+    assert {"wait-rounds-receiver.db", "wait-rounds-store.db"} <= {
+        path.name for path in tmp_path.iterdir()}
 
 
 def test_random_audit_exits_non_zero_naming_the_seed_step_and_operation(monkeypatch):
@@ -79,7 +83,7 @@ def test_random_audit_exits_non_zero_naming_the_seed_step_and_operation(monkeypa
 
     monkeypatch.setattr(tasks, "_after", lambda tx, settings, task_id, decision: None)
     result = CliRunner().invoke(main, ["random-audit", "--seeds", "1", "--ops", "50",
-                                       "--rounds", "0"])
+                                       "--rounds", "0", "--wait-rounds", "0"])
     assert result.exit_code == 1
     output = result.stdout  # older click mixes the progress bar (stderr) in: skip past it
     violation = json.loads(output[output.index("{"):])["violations"][0]

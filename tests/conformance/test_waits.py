@@ -15,6 +15,7 @@ from postroom import (
     TaskState,
     WaitState,
 )
+from postroom.audit import audit_database
 from tests.support import START, envelope
 
 FLOW, STEP = "case-a", "details"
@@ -458,3 +459,20 @@ def test_pruning_keeps_a_task_while_its_wait_may_still_need_it(db_url, clock, tr
         assert store.prune() == 0
         store.resume(FLOW, STEP, 1, None)
         assert store.prune() == 1
+
+
+def test_pruning_a_finished_follow_up_leaves_the_wait_audit_clean(db_url, clock, transport):
+    settings = postroom.Settings(retention=60.0)
+    with postroom.open_store(db_url, clock=clock, settings=settings) as store:
+        ask = store.receive(postroom.AuthContext(principal="planner"), envelope("ask"))
+        store.open_wait(FLOW, STEP, 0, START + 1000, task_id=ask.task_id)
+        store.signal(ALICE, "e1", FLOW, STEP, 1, "yes")
+        follow_up = store.resume(FLOW, STEP, 1, FollowUp(message_id="next", payload={}))
+        for _ in range(2):
+            store.finish(store.claim("w"), "done")
+        store.dispatch(transport, limit=2)
+        clock.advance(120)
+        assert store.prune() == 2  # the asking task and its follow-up
+        with pytest.raises(postroom.NotFound):
+            store.task(str(follow_up.task_id))
+        assert audit_database(store.database) == []

@@ -62,7 +62,7 @@ def test_a_rule_that_skips_writing_the_reply_is_reported(make_url, monkeypatch):
     assert any("terminal_task_without_reply" in problem for problem in violation.problems)
     assert violation.to_dict()["reproduce"] == (
         f"postroom random-audit --seeds 1 --first-seed {violation.seed} "
-        f"--ops {violation.step + 1} --rounds 0")
+        f"--ops {violation.step + 1} --rounds 0 --wait-rounds 0")
 
 
 def test_a_reported_violation_reproduces_from_its_seed(make_url, monkeypatch):

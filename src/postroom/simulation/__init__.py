@@ -8,7 +8,10 @@
                  SPEC §8 audit of each database;
 - ``runner``     one seed: operations, injected crashes, restarts, retries, checks;
 - ``rounds``     real processes released together on one store, some SIGKILLed, then
-                 drained and checked end to end (``burst`` is the process).
+                 drained and checked end to end (``burst`` is the process);
+- ``waits``      the wait operations, their model and checks, registered into the tables;
+- ``wait_rounds`` real processes racing on a few contested waits, exactly one winner each
+                 (``wait_burst`` is the process).
 
 A component that adds records and rules (waits, approvals) extends the three tables:
 ``SNAPSHOT_TABLES``, ``OPERATIONS`` and ``CHECKS``.
@@ -27,12 +30,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from postroom.simulation import waits  # noqa: F401 - importing it registers waits in the tables
 from postroom.simulation.rounds import RoundsResult, run_rounds
 from postroom.simulation.runner import SeedResult, Violation, run_seed
+from postroom.simulation.wait_rounds import WaitRoundsResult, run_wait_rounds
 from postroom.simulation.world import UrlFactory
 
-__all__ = ["AuditSummary", "RoundsResult", "SeedResult", "Violation", "random_audit",
-           "run_rounds", "run_seed", "sqlite_urls"]
+__all__ = ["AuditSummary", "RoundsResult", "SeedResult", "Violation", "WaitRoundsResult",
+           "random_audit", "run_rounds", "run_seed", "run_wait_rounds", "sqlite_urls"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -49,6 +54,8 @@ class AuditSummary:
     restarts: int = 0
     rounds: RoundsResult = field(default_factory=RoundsResult)
     processes_per_round: int = 0
+    wait_rounds: WaitRoundsResult = field(default_factory=WaitRoundsResult)
+    wait_processes_per_round: int = 0
     violations: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -64,7 +71,7 @@ class AuditSummary:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON summary ``postroom random-audit`` prints."""
-        rounds = self.rounds
+        rounds, contests = self.rounds, self.wait_rounds
         return {
             "seeds": self.seeds,
             "first_seed": self.first_seed,
@@ -82,7 +89,13 @@ class AuditSummary:
             "round_operations": rounds.operations,
             "round_acked_tasks": rounds.acked,
             "round_requeued_replies": rounds.requeued,
-            "violations": self.violations + rounds.violations,
+            "wait_rounds": contests.rounds,
+            "wait_processes_per_round": self.wait_processes_per_round,
+            "wait_processes_started": contests.processes,
+            "wait_processes_killed": contests.killed,
+            "wait_round_operations": contests.operations,
+            "wait_round_winners": dict(sorted(contests.winners.items())),
+            "violations": self.violations + rounds.violations + contests.violations,
             "seconds": round(self.seconds, 1),
         }
 
@@ -108,17 +121,19 @@ def _folder(folder: Path | None) -> Iterator[Path]:
         yield Path(scratch)
 
 
-def random_audit(*, seeds: int, ops: int, rounds: int, processes: int, first_seed: int = 0,
-                 folder: Path | None = None,
+def random_audit(*, seeds: int, ops: int, rounds: int, processes: int, wait_rounds: int = 0,
+                 wait_processes: int = 12, first_seed: int = 0, folder: Path | None = None,
                  progress: Callable[[int], None] | None = None) -> AuditSummary:
-    """Run ``seeds`` seeds of ``ops`` operations, then ``rounds`` multi-process rounds.
+    """Run ``seeds`` seeds of ``ops`` operations, then ``rounds`` multi-process task rounds
+    of ``processes`` processes, then ``wait_rounds`` wait rounds of ``wait_processes``.
 
-    ``progress(n)`` is told of every finished operation and round (``seeds * ops + rounds``
-    in all, skipped ones included when a seed stops early).
+    ``progress(n)`` is told of every finished operation and round (``seeds * ops + rounds +
+    wait_rounds`` in all, skipped ones included when a seed or phase stops early).
     """
     started = time.monotonic()
     summary = AuditSummary(seeds=seeds, first_seed=first_seed, ops_per_seed=ops,
-                           processes_per_round=processes)
+                           processes_per_round=processes,
+                           wait_processes_per_round=wait_processes)
     done = 0
 
     def advance() -> None:
@@ -132,7 +147,9 @@ def random_audit(*, seeds: int, ops: int, rounds: int, processes: int, first_see
             summary.add(run_seed(seed, ops, urls(f"seed-{seed}"), on_step=advance))
         summary.rounds = run_rounds(rounds, processes, urls("rounds"), seed=first_seed,
                                     on_round=advance)
+        summary.wait_rounds = run_wait_rounds(wait_rounds, wait_processes, urls("wait-rounds"),
+                                              seed=first_seed, on_round=advance)
     if progress is not None:
-        progress(seeds * ops + rounds - done)  # what stopped seeds and rounds left undone
+        progress(seeds * ops + rounds + wait_rounds - done)  # what stopped phases left undone
     summary.seconds = time.monotonic() - started
     return summary

@@ -10,11 +10,12 @@ any tasks it was ACKed) and ``{"done": true}`` at the end. An unexpected error i
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import random
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from postroom.clock import ManualClock
@@ -26,7 +27,7 @@ from postroom.store.core import Store
 from postroom.transports import InProcessTransport
 from postroom.validation import follow_up_principal, task_id_for
 
-__all__ = ["Burst", "main"]
+__all__ = ["Burst", "main", "serve"]
 
 class Burst:
     """The state of one process's burst."""
@@ -142,26 +143,43 @@ def _say(record: Any) -> None:
     sys.stdout.flush()
 
 
-def main(argv: list[str]) -> int:
-    """Open, report READY, wait for GO, run the burst."""
-    config = json.loads(argv[0])
-    burst = Burst(config)
+def serve(calls: Iterable[tuple[str, Callable[[], dict[str, Any]]]]) -> int:
+    """Say READY, wait for GO, then run each call, printing ``{"op": name, **what it did}``.
+
+    Returns the exit code: 0 when every call ran, 2 without GO, 3 after an unexpected error
+    (printed as ``{"error": ...}``).
+    """
     _say("READY")
     if sys.stdin.readline().strip() != "GO":
         return 2
-    table = burst.operations()
-    names = list(table)
-    weights = [table[name][0] for name in names]
     try:
-        for _ in range(config["ops"]):
-            name = burst.rng.choices(names, weights)[0]
-            _say({"op": name, "acks": table[name][1]()})
+        for name, call in calls:
+            _say({"op": name, **call()})
     except Exception as exc:
         _say({"error": f"{type(exc).__name__}: {exc}",
               "traceback": traceback.format_exc(limit=8)})
         return 3
     _say({"done": True})
     return 0
+
+
+def main(argv: list[str]) -> int:
+    """Open, report READY, wait for GO, run the burst."""
+    config = json.loads(argv[0])
+    burst = Burst(config)
+    table = burst.operations()
+    names = list(table)
+    weights = [table[name][0] for name in names]
+
+    def acks(name: str) -> dict[str, Any]:
+        return {"acks": table[name][1]()}
+
+    def calls() -> Iterator[tuple[str, Callable[[], dict[str, Any]]]]:
+        for _ in range(config["ops"]):
+            name = burst.rng.choices(names, weights)[0]
+            yield name, functools.partial(acks, name)
+
+    return serve(calls())
 
 
 if __name__ == "__main__":

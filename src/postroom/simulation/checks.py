@@ -16,7 +16,7 @@ from postroom.simulation.world import TERMINAL, Snapshot
 from postroom.store.database import Database
 from postroom.transitions import reply_id_for
 
-__all__ = ["CHECKS", "Check", "Transition", "audit_problems", "check_transition",
+__all__ = ["CHECKS", "KEEPERS", "Check", "Transition", "audit_problems", "check_transition",
            "prunable"]
 
 
@@ -91,12 +91,19 @@ def fences_never_decrease(before: Snapshot, after: Snapshot, _: Transition) -> I
             yield f"reply {reply_id} fence went back from {row['fence']} to {now['fence']}"
 
 
+#: Task ids a component still needs in a snapshot, which pruning must keep (a wait's parent
+#: task while the wait may still enqueue its follow-up); a component appends its own.
+KEEPERS: list[Callable[[Snapshot], Set[str]]] = []
+
+
 def prunable(snapshot: Snapshot, task_id: str, cutoff: float) -> bool:
-    """Whether pruning at ``cutoff`` may forget ``task_id``: terminal, reply sent, old."""
+    """Whether pruning at ``cutoff`` may forget ``task_id``: terminal, reply sent, old, and
+    needed by no component."""
     row = snapshot.tasks[task_id]
     reply = snapshot.replies.get(reply_id_for(task_id))
     return (row["state"] in TERMINAL and reply is not None and reply["state"] == "sent"
-            and row["received_at"] is not None and row["received_at"] < cutoff)
+            and row["received_at"] is not None and row["received_at"] < cutoff
+            and not any(task_id in kept(snapshot) for kept in KEEPERS))
 
 
 def nothing_is_lost(before: Snapshot, after: Snapshot, step: Transition) -> Iterator[str]:

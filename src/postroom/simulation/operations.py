@@ -56,7 +56,7 @@ from postroom.simulation.world import (
 from postroom.transitions import reply_id_for
 from postroom.validation import canonical_json, follow_up_principal, task_id_for
 
-__all__ = ["OPERATIONS", "Action", "Broken", "Operation", "Step"]
+__all__ = ["OPERATIONS", "Action", "Broken", "Operation", "Step", "born_state"]
 
 
 class Broken(Exception):
@@ -105,11 +105,11 @@ class Operation:
 # -- shared expectations ----------------------------------------------------------------------
 
 
-def born_state(envelope: Envelope, now: float, max_hops: int) -> str:
-    """The state a newly stored message must start in."""
-    if envelope.deadline <= now:
+def born_state(deadline: float, hops: int, now: float, max_hops: int) -> str:
+    """The state a newly stored message (a received one, or a follow-up) must start in."""
+    if deadline <= now:
         return TaskState.EXPIRED.value
-    if envelope.hops >= max_hops:
+    if hops >= max_hops:
         return TaskState.HOP_LIMIT.value
     return TaskState.PENDING.value
 
@@ -142,7 +142,8 @@ def _check_ack(step: Step, ack: Ack, auth: AuthContext, envelope: Envelope, *,
     if duplicate and held is not None:
         step.expect(row == held, f"{label}: a duplicate changed the stored task")
     elif not duplicate:
-        state = born_state(envelope, step.now, world.settings.max_hops)
+        state = born_state(envelope.deadline, envelope.hops, step.now,
+                           world.settings.max_hops)
         step.expect(row["state"] == state, f"{label}: stored as {row['state']}, "
                                            f"expected {state}")
         world.sent[(auth.principal, envelope.message_id)] = envelope
@@ -592,8 +593,10 @@ def plan_cancel(world: World) -> Action | None:
                     f"cancel of {task_id} ({was and was['state']}) returned {cancelled}")
         if cancelled:
             row = step.after().tasks[task_id]
-            step.expect(row["state"] == "cancelled", f"cancelled task {task_id} is "
-                                                     f"{row['state']}")
+            reply = step.after().replies.get(reply_id_for(task_id))
+            step.expect(row["state"] == "cancelled" and reply is not None
+                        and reply["status"] == "cancelled",
+                        f"cancelled task {task_id} is {row['state']} with reply {reply}")
         return "cancelled" if cancelled else "refused"
 
     return act

@@ -34,7 +34,8 @@ from postroom.store.core import Store
 from postroom.transitions import reply_id_for
 from postroom.transports import InProcessTransport
 
-__all__ = ["ROUND_QUEUES", "ROUND_SETTINGS", "RoundsResult", "run_rounds"]
+__all__ = ["ROUND_QUEUES", "ROUND_SETTINGS", "RoundProcess", "RoundsResult", "SharedStore",
+           "delivered", "drain", "release_processes", "run_rounds"]
 
 #: Short leases and backoffs: processes with skewed clocks take over each other's work.
 ROUND_SETTINGS = Settings(
@@ -70,7 +71,9 @@ class RoundsResult:
 
 
 @dataclass(slots=True)
-class _Process:
+class RoundProcess:
+    """One process of a round: how to reach it, when to kill it, and what it printed."""
+
     index: int
     popen: subprocess.Popen[str]
     kill_after: int | None
@@ -78,7 +81,46 @@ class _Process:
 
     @property
     def killed(self) -> bool:
+        """Whether the round SIGKILLed it."""
         return self.popen.returncode == -signal.SIGKILL
+
+
+class SharedStore:
+    """The store and receiver a round's processes share, as this process holds them.
+
+    This process has its own manual clock and connections, and keeps what the processes
+    were ACKed (``acked``), so it can check the databases between two moments of a round.
+    """
+
+    def __init__(self, urls: UrlFactory, seed: int) -> None:
+        self.clock = ManualClock(START)
+        self.store_url, self.receiver_url = urls("store"), urls("receiver")
+        self.store = Store.open(self.store_url, clock=self.clock, settings=ROUND_SETTINGS,
+                                seed=seed)
+        self.receiver = Receiver.open(self.receiver_url, clock=self.clock)
+        self.acked: set[str] = set()
+
+    def snapshot(self) -> Snapshot:
+        """Both databases now."""
+        return read_snapshot(self.store.database, self.receiver.database)
+
+    def checked(self, before: Snapshot) -> tuple[Snapshot, list[str]]:
+        """Both databases now, audited and checked against ``before``."""
+        after = self.snapshot()
+        step = Transition(forgets=False, retention=ROUND_SETTINGS.retention, acked=self.acked)
+        return after, (audit_problems(self.store.database, self.receiver.database)
+                       + check_transition(before, after, step))
+
+    def drained(self, before: Snapshot, result: RoundsResult) -> tuple[Snapshot, list[str]]:
+        """Drain the store (see ``drain``), then check it, every ACKed task delivered."""
+        _, problems = drain(self.store, self.receiver, self.clock, result)
+        after, found = self.checked(before)
+        return after, problems + found + delivered(after, self.acked)
+
+    def close(self) -> None:
+        """Close both databases."""
+        self.store.close()
+        self.receiver.close()
 
 
 def run_rounds(rounds: int, processes: int, urls: UrlFactory, *, seed: int = 0,
@@ -89,28 +131,20 @@ def run_rounds(rounds: int, processes: int, urls: UrlFactory, *, seed: int = 0,
     if rounds <= 0:
         return result
     rng = random.Random(f"rounds/{seed}")
-    clock = ManualClock(START)
-    store_url, receiver_url = urls("store"), urls("receiver")
-    store = Store.open(store_url, clock=clock, settings=ROUND_SETTINGS, seed=seed)
-    receiver = Receiver.open(receiver_url, clock=clock)
-    acked: set[str] = set()
+    shared = SharedStore(urls, seed)
     try:
-        previous = read_snapshot(store.database, receiver.database)
+        previous = shared.snapshot()
         for number in range(rounds):
-            config = {"seed": seed, "round": number, "ops": ops, "store": store_url,
-                      "receiver": receiver_url,
-                      "base": max(clock.now(), previous.high_water) + 1.0}
+            config = {"seed": seed, "round": number, "ops": ops, "store": shared.store_url,
+                      "receiver": shared.receiver_url,
+                      "base": max(shared.clock.now(), previous.high_water) + 1.0}
             problems = _burst(config, count=processes, rng=rng, kill_rate=kill_rate,
-                              result=result, acked=acked)
-            burst = read_snapshot(store.database, receiver.database)
-            step = Transition(forgets=False, retention=ROUND_SETTINGS.retention, acked=acked)
-            problems += audit_problems(store.database, receiver.database)
-            problems += check_transition(previous, burst, step)
-            drained, drain_problems = _drain(store, receiver, clock, result)
-            problems += drain_problems + audit_problems(store.database, receiver.database)
-            problems += check_transition(burst, drained, step) + _delivered(drained, acked)
+                              result=result, acked=shared.acked)
+            burst, found = shared.checked(previous)
+            drained, more = shared.drained(burst, result)
+            problems += found + more
             result.rounds = number + 1
-            result.acked = len(acked)
+            result.acked = len(shared.acked)
             if problems:
                 result.violations.append({"round": number, "seed": seed,
                                           "problems": problems[:20]})
@@ -119,23 +153,41 @@ def run_rounds(rounds: int, processes: int, urls: UrlFactory, *, seed: int = 0,
             if on_round is not None:
                 on_round()
     finally:
-        store.close()
-        receiver.close()
+        shared.close()
     return result
 
 
 def _burst(config: dict[str, Any], *, count: int, rng: random.Random, kill_rate: float,
            result: RoundsResult, acked: set[str]) -> list[str]:
     """Start, release and follow the processes of one round; returns its problems."""
-    command = [sys.executable, "-m", "postroom.simulation.burst"]
-    started = [_Process(index, subprocess.Popen(
+    started, problems = release_processes("postroom.simulation.burst", config, count=count,
+                                          rng=rng, kill_rate=kill_rate)
+    result.processes += count
+    for process in started:
+        result.killed += process.killed
+        for record in process.records:
+            result.operations += "op" in record
+            acked.update(record.get("acks", ()))
+    return problems
+
+
+def release_processes(module: str, config: dict[str, Any], *, count: int, rng: random.Random,
+                      kill_rate: float) -> tuple[list[RoundProcess], list[str]]:
+    """Run ``count`` processes of ``module`` together; returns them and what went wrong.
+
+    Each gets ``config`` plus its ``index``, must say READY once it has opened its
+    connections, and starts at GO, which goes to all of them only once every one is ready.
+    A share ``kill_rate`` of them is SIGKILLed after a random number (up to
+    ``config["ops"]``) of the JSON lines it prints.
+    """
+    command = [sys.executable, "-m", module]
+    started = [RoundProcess(index, subprocess.Popen(
                    [*command, json.dumps({**config, "index": index})],
                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                    text=True),
                    kill_after=rng.randint(1, config["ops"]) if rng.random() < kill_rate
                    else None)
                for index in range(count)]
-    result.processes += count
     problems: list[str] = []
     try:
         for process in started:  # READY from all before GO to any: they start together
@@ -147,15 +199,10 @@ def _burst(config: dict[str, Any], *, count: int, rng: random.Random, kill_rate:
     finally:
         for process in started:
             problems += _finish(process)
-    for process in started:
-        result.killed += process.killed
-        for record in process.records:
-            result.operations += "op" in record
-            acked.update(record.get("acks", ()))
-    return problems
+    return started, problems
 
 
-def _release(started: list[_Process]) -> None:
+def _release(started: list[RoundProcess]) -> None:
     """Say GO to every process, then follow them all until they end."""
     for process in started:
         assert process.popen.stdin is not None
@@ -170,7 +217,7 @@ def _release(started: list[_Process]) -> None:
         follower.join(_PROCESS_TIMEOUT)
 
 
-def _follow(process: _Process) -> None:
+def _follow(process: RoundProcess) -> None:
     """Read a process's lines; SIGKILL it after its ``kill_after``-th operation."""
     assert process.popen.stdout is not None
     for line in process.popen.stdout:
@@ -183,7 +230,7 @@ def _follow(process: _Process) -> None:
                 process.popen.send_signal(signal.SIGKILL)
 
 
-def _finish(process: _Process) -> list[str]:
+def _finish(process: RoundProcess) -> list[str]:
     """Reap a process (killing it if it hangs) and name what went wrong with it."""
     popen = process.popen
     if popen.stdin is not None:
@@ -210,7 +257,7 @@ def _finish(process: _Process) -> list[str]:
     return []
 
 
-def _drain(store: Store, receiver: Receiver, clock: ManualClock,
+def drain(store: Store, receiver: Receiver, clock: ManualClock,
            result: RoundsResult) -> tuple[Snapshot, list[str]]:
     """Take everything left to its end: tasks terminal, replies sent."""
     transport = InProcessTransport(receiver)
@@ -238,7 +285,7 @@ def _drain(store: Store, receiver: Receiver, clock: ManualClock,
     return snapshot, [f"the store did not drain in {_DRAIN_PASSES} passes"]
 
 
-def _delivered(snapshot: Snapshot, acked: set[str]) -> list[str]:
+def delivered(snapshot: Snapshot, acked: set[str]) -> list[str]:
     """Every ACKed task terminal and sent; one receiver effect per reply, none extra."""
     problems = []
     for task_id in sorted(acked):

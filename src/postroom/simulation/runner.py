@@ -68,7 +68,7 @@ class Violation:
         return {"seed": self.seed, "step": self.step, "operation": self.operation,
                 "crash": self.crash, "problems": list(self.problems),
                 "reproduce": f"postroom random-audit --seeds 1 --first-seed {self.seed} "
-                             f"--ops {self.step + 1} --rounds 0"}
+                             f"--ops {self.step + 1} --rounds 0 --wait-rounds 0"}
 
 
 @dataclass(kw_only=True, slots=True)

@@ -66,12 +66,22 @@ Row = Mapping[str, Any]
 
 @dataclass(frozen=True, slots=True)
 class Table:
-    """One whole-table read of a snapshot: its query, key column and database."""
+    """One whole-table read of a snapshot: its query, key column(s) and database.
+
+    A single key column keys rows by its value; several (a composite key, like a wait's
+    ``(flow, step, generation)``) key them by the tuple of their values.
+    """
 
     name: str
     query: str
-    key: str
+    key: str | tuple[str, ...]
     database: str  # "store" or "receiver"
+
+    def key_of(self, row: Row) -> Any:
+        """The identity of ``row`` in this table."""
+        if isinstance(self.key, str):
+            return row[self.key]
+        return tuple(row[column] for column in self.key)
 
 
 SNAPSHOT_TABLES: list[Table] = [
@@ -86,7 +96,7 @@ class Snapshot:
     """What both databases held at one moment, keyed by identity."""
 
     high_water: float
-    tables: Mapping[str, Mapping[str, Row]]
+    tables: Mapping[str, Mapping[Any, Row]]
 
     @property
     def tasks(self) -> Mapping[str, Row]:
@@ -106,7 +116,7 @@ class Snapshot:
 
 def read_snapshot(store: Database, receiver: Database) -> Snapshot:
     """Read every snapshot table, each database in one consistent read."""
-    tables: dict[str, dict[str, Row]] = {}
+    tables: dict[str, dict[Any, Row]] = {}
     high_water = 0.0
     for name, database in (("store", store), ("receiver", receiver)):
         with database.read() as tx:
@@ -115,7 +125,7 @@ def read_snapshot(store: Database, receiver: Database) -> Snapshot:
                 high_water = float(row["high_water"]) if row is not None else 0.0
             for table in SNAPSHOT_TABLES:
                 if table.database == name:
-                    tables[table.name] = {row[table.key]: dict(row)
+                    tables[table.name] = {table.key_of(row): dict(row)
                                           for row in tx.all(table.query)}
     return Snapshot(high_water=high_water, tables=tables)
 

@@ -256,7 +256,8 @@ WHERE (wait_continuations.consumed_at IS NULL AND wait_effects.flow IS NOT NULL)
 
 -- name: audit_store_effect_task_mismatch
 -- A 'task' effect names a follow-up whose parent is the wait's task, one hop further; a
--- 'none' effect names no task.
+-- 'none' effect names no task. A follow-up (or parent) that pruning has since forgotten --
+-- terminal, its reply sent, past retention -- can no longer be compared.
 SELECT wait_effects.flow || '/' || wait_effects.step || '#' || wait_effects.generation
        AS identity,
        wait_effects.kind || ' effect, task ' || coalesce(wait_effects.task_id, 'NULL')
@@ -270,9 +271,10 @@ LEFT JOIN tasks AS child ON child.task_id = wait_effects.task_id
 LEFT JOIN tasks AS parent ON parent.task_id = waits.task_id
 WHERE (wait_effects.kind = 'none' AND wait_effects.task_id IS NOT NULL)
    OR (wait_effects.kind = 'task'
-       AND (child.task_id IS NULL OR waits.task_id IS NULL
-            OR coalesce(child.parent_task_id, '') <> waits.task_id
-            OR (parent.task_id IS NOT NULL AND child.hops <> parent.hops + 1)))
+       AND (wait_effects.task_id IS NULL OR waits.task_id IS NULL
+            OR (child.task_id IS NOT NULL
+                AND (coalesce(child.parent_task_id, '') <> waits.task_id
+                     OR (parent.task_id IS NOT NULL AND child.hops <> parent.hops + 1)))))
 
 -- name: audit_store_wait_decided_after_high_water
 -- No wait decision used a time later than the persisted high-water mark (its greatest row).
