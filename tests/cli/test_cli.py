@@ -43,6 +43,14 @@ def test_audit_names_each_violation_and_exits_non_zero(db_url, store, auth):
     assert "idle_task_with_owner_or_lease" in result.stdout
 
 
+def test_init_creates_the_schema_and_running_it_again_changes_nothing(db_url):
+    first = run("init", db_url)
+    again = run("init", db_url)
+    assert first.returncode == again.returncode == 0, first.stderr + again.stderr
+    assert json.loads(first.stdout)["schema_version"] >= 2  # tasks, then waits
+    assert json.loads(again.stdout) == json.loads(first.stdout)
+
+
 def test_info_shows_the_retention_period(db_url):
     postroom.open_store(db_url).close()
     result = run("info", db_url)
