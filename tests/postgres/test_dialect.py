@@ -202,3 +202,11 @@ def test_only_failures_that_committed_nothing_are_retried(pg_store):
         raise postroom.StoreUnavailable("no connection") from PoolTimeout("timed out")
     except postroom.StoreUnavailable as waited:
         assert dialect.retry_delay(waited, 0) is None  # already waited the pool's timeout
+
+
+def test_a_connection_lent_after_a_read_can_write_without_begin(pg_store, auth):
+    pg_store.task(pg_store.receive(auth, envelope()).task_id)  # a read-only transaction
+    dialect = pg_store.database.dialect
+    with dialect.connection() as conn:  # the same pooled connection, used raw
+        dialect.execute(conn, "UPDATE tasks SET correlation_id = 'raw'", ())
+    assert pg_store.task(pg_store.claim("w").task_id).correlation_id == "raw"

@@ -206,6 +206,8 @@ class PostgresDialect(Dialect):
         except PoolTimeout as exc:
             raise StoreUnavailable(f"postgres: no connection within "
                                    f"{self._connect_timeout:g}s: {exc}") from exc
+        if pg.read_only:  # left by a read transaction; statements outside ``begin`` may write
+            pg.read_only = False
         session = _Session(pg)
         try:
             yield session
