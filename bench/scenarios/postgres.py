@@ -244,14 +244,19 @@ def run_claim(ctx: Context) -> list[Measurement]:
                     rounds = _timed(ctx, swarm, per_member, before=refill)
                 finally:
                     swarm.close()
-            kind = "one at a time" if batch == 1 else f"batches of {batch}"
-            rows.append(Measurement(
-                id=f"pg.claim_finish.{'single' if batch == 1 else 'batched'}.workers_{workers}",
-                backend="postgres", unit="tasks/s", rounds=rounds,
-                label=f"PostgreSQL claim+finish, {workers} worker processes, {kind}",
-                details={"workers": workers, "batch": batch,
-                         "tasks_per_round": per_member * workers}))
+            rows.append(_row("claim_finish", "claim+finish", rounds, workers=workers,
+                             batch=batch, tasks=per_member * workers))
     return rows
+
+
+def _row(key: str, what: str, rounds: Rounds, *, workers: int, batch: int,
+         tasks: int) -> Measurement:
+    kind = "one at a time" if batch == 1 else f"batches of {batch}"
+    return Measurement(
+        id=f"pg.{key}.{'single' if batch == 1 else 'batched'}.workers_{workers}",
+        backend="postgres", unit="tasks/s", rounds=rounds,
+        label=f"PostgreSQL {what}, {workers} worker processes, {kind}",
+        details={"workers": workers, "batch": batch, "tasks_per_round": tasks})
 
 
 def run_end_to_end(ctx: Context) -> list[Measurement]:
@@ -271,13 +276,8 @@ def run_end_to_end(ctx: Context) -> list[Measurement]:
             finally:
                 swarm.close()
             _drain_and_check(store_url, receiver_url)
-            kind = "one at a time" if batch == 1 else f"batches of {batch}"
-            rows.append(Measurement(
-                id=f"pg.e2e.{'single' if batch == 1 else 'batched'}.workers_{workers}",
-                backend="postgres", unit="tasks/s", rounds=rounds,
-                label=f"PostgreSQL end to end, {workers} worker processes, {kind}",
-                details={"workers": workers, "batch": batch,
-                         "tasks_per_round": per_member * workers}))
+            rows.append(_row("e2e", "end to end", rounds, workers=workers, batch=batch,
+                             tasks=per_member * workers))
     return rows
 
 
