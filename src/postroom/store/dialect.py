@@ -150,10 +150,17 @@ class Dialect(ABC):
         if tx.channels:
             self.wakeups.announce(tx.channels)
 
-    @cached_property
+    @property
     def wakeups(self) -> Wakeups:
-        """The hub that wakes this database's waiters in this process."""
-        return Wakeups()
+        """The hub that wakes this database's waiters in this process.
+
+        Made on first use; ``dict.setdefault`` is atomic, so threads racing to make it all
+        get the same hub (a waiter on one hub and announcements on another would never meet).
+        """
+        hub = self.__dict__.get("_wakeups")
+        if hub is None:
+            hub = self.__dict__.setdefault("_wakeups", Wakeups())
+        return hub  # type: ignore[no-any-return]
 
     def listen(self) -> None:  # noqa: B027 - optional hook
         """Start hearing other processes' announcements (where the backend can carry them).
