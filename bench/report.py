@@ -1,0 +1,90 @@
+"""The report as ``RESULTS.md``: the command, the machine, the figures, the bars."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RESULTS", "render", "write"]
+
+#: Where a full run writes its results by default.
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+
+
+def render(report: dict[str, Any]) -> str:
+    """Markdown for one run's report."""
+    info = report["machine"]
+    load = report["load_average"]
+    lines = [
+        "# postroom benchmark results",
+        "",
+        f"Written by `{report['command']}` ({report['mode']} run) on {report['started']}, "
+        f"in {report['elapsed_s']:.0f} s. Run the same command to reproduce and rewrite "
+        "this file.",
+        "",
+        "Every ratio divides a figure by the raw SQLite commit loop measured in the same run "
+        "(WAL, `synchronous=FULL`, one row per `BEGIN IMMEDIATE` transaction, on the same "
+        "file system). Baseline rounds sandwich every timed round; a round's ratio is its rate "
+        "over the mean of the two baseline rounds around it, and each figure shows the median "
+        "rate and the median ratio of its rounds (every round is in the JSON that "
+        "`postroom bench` prints). A bar between two figures divides their ratios.",
+        "",
+        "## Machine",
+        "",
+        f"- CPUs (`nproc`): {info['nproc']} ({info['cpu']})",
+        f"- {info['platform']}",
+        f"- Python {info['python']}, SQLite {info['sqlite']}, postroom {info['postroom']}"
+        + (f" at commit `{info['commit']}`" if info.get("commit") else ""),
+        f"- databases in `{info['folder']}` ({info['filesystem']})",
+        f"- load average (1, 5, 15 min): {_load(load['before'])} before, "
+        f"{_load(load['after'])} after",
+        "",
+        "## Figures",
+        "",
+        "| measurement | rate (median) | ratio to raw commits/s (median) | rounds |",
+        "|---|---:|---:|---|",
+    ]
+    for row in report["measurements"]:
+        rounds = ", ".join(f"{value:,.0f}" for value in row["rounds"])
+        lines.append(f"| {row['label']} | {row['value']:,.0f} {row['unit']} | "
+                     f"{row['ratio_to_raw']:.3f} | {rounds} |")
+    lines += [
+        "",
+        "## Bars",
+        "",
+        "| bar | measured | required | result |",
+        "|---|---:|---:|---|",
+    ]
+    for bar in report["bars"]:
+        lines.append(f"| {bar['text']} | {bar['measured']:.3f}x | >= {bar['required']}x | "
+                     f"{'pass' if bar['passed'] else 'FAIL'} |")
+    plans = [row for row in report["measurements"] if "claim_plan" in row["details"]]
+    if plans:
+        largest = max(plans, key=lambda row: row["details"]["backlog"])
+        lines += [
+            "",
+            f"## The claim's query plan at {largest['details']['backlog']:,} pending",
+            "",
+            "`EXPLAIN QUERY PLAN` of `claim_tasks`, read from the store at that size (no "
+            "`ANALYZE`, as a store runs): it walks the head of the partial index "
+            "`tasks_claimable`, so its cost does not depend on the backlog.",
+            "",
+            "```",
+            *largest["details"]["claim_plan"],
+            "```",
+        ]
+    lines += ["", "## Sizes", "", "```", *_sizes(report["sizes"]), "```", ""]
+    return "\n".join(lines)
+
+
+def write(report: dict[str, Any], path: Path) -> None:
+    """Write ``render(report)`` to ``path``."""
+    path.write_text(render(report), "utf-8")
+
+
+def _load(values: list[float]) -> str:
+    return ", ".join(f"{value:.2f}" for value in values)
+
+
+def _sizes(sizes: dict[str, Any]) -> list[str]:
+    return [f"{name} = {value!r}" for name, value in sizes.items()]
