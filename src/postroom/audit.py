@@ -11,6 +11,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from postroom.errors import StoreError
 from postroom.models import TaskState
 from postroom.store import Database, dialect_for_url
 from postroom.store.dialect import Row
@@ -33,8 +34,12 @@ class Violation:
 
 
 def audit_url(url: str) -> list[Violation]:
-    """Open ``url`` read-only (no migration) and audit it."""
-    database = Database(dialect_for_url(url), track_time=False)
+    """Open ``url`` without creating or migrating anything, and audit it."""
+    try:
+        dialect = dialect_for_url(url, create=False)
+    except StoreError as exc:
+        return [Violation("database", url, str(exc))]
+    database = Database(dialect, track_time=False)
     try:
         return audit_database(database)
     finally:

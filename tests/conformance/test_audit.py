@@ -76,5 +76,20 @@ def test_a_receiver_effect_without_its_receipt_is_named(receiver):
     assert [v.check for v in audit_database(receiver.database)] == ["effect_without_receipt"]
 
 
-def test_an_empty_database_is_reported_as_having_no_schema(make_url):
-    assert audit_url(make_url("nothing"))[0].check == "schema"
+def test_a_database_without_postroom_tables_is_reported(make_url):
+    url = make_url("nothing")
+    postroom.Receiver.open(url).close()
+    with postroom.Receiver.open(url) as receiver:
+        dialect = receiver.database.dialect
+        with dialect.connection() as conn:
+            dialect.begin(conn, write=True)
+            dialect.execute(conn, "DROP TABLE postroom_schema", ())
+            dialect.commit(conn)
+    assert [v.check for v in audit_url(url)] == ["schema"]
+
+
+def test_auditing_a_missing_sqlite_file_reports_it_and_creates_nothing(tmp_path):
+    missing = tmp_path / "missing.db"
+    [violation] = audit_url(f"sqlite:///{missing}")
+    assert violation.check == "database"
+    assert not missing.exists()

@@ -11,11 +11,12 @@ from postroom.store.dialect import Dialect
 __all__ = ["Database", "Dialect", "Operation", "Tx", "dialect_for_url"]
 
 
-def dialect_for_url(url: str) -> Dialect:
+def dialect_for_url(url: str, *, create: bool = True) -> Dialect:
     """The dialect for a database URL.
 
     ``sqlite:///relative/path.db`` and ``sqlite:////absolute/path.db`` (three slashes, then the
-    path, as SQLAlchemy spells it); ``postgresql://...`` for PostgreSQL.
+    path, as SQLAlchemy spells it); ``postgresql://...`` for PostgreSQL. With ``create=False``
+    a SQLite file that does not exist is an error instead of a new empty database.
     """
     if url.startswith("sqlite:///"):
         path = url[len("sqlite:///"):]
@@ -24,7 +25,7 @@ def dialect_for_url(url: str) -> Dialect:
                                       "would not survive a restart")
         from postroom.store.sqlite import SQLiteDialect
 
-        return SQLiteDialect(Path(path))
+        return SQLiteDialect(Path(path), create=create)
     if url.startswith(("postgresql://", "postgres://")):
         try:
             from postroom.store.postgres import PostgresDialect  # type: ignore[import-not-found]

@@ -36,9 +36,10 @@ class SQLiteDialect(Dialect):
     fragments: ClassVar[Mapping[str, str]] = {"skip_locked": ""}
     driver_error: ClassVar[type[BaseException]] = sqlite3.Error
 
-    def __init__(self, path: str | Path, *, busy_timeout: float = 30.0,
+    def __init__(self, path: str | Path, *, create: bool = True, busy_timeout: float = 30.0,
                  cache_mib: int = 64) -> None:
         self.path = str(path)
+        self._create = create
         self._busy_timeout = busy_timeout
         self._lock = threading.RLock()
         try:
@@ -47,8 +48,10 @@ class SQLiteDialect(Dialect):
             raise self.translate(exc) from exc
 
     def _connect(self, cache_mib: int) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None,
-                               check_same_thread=False)
+        # Opening an existing database only (an audit) must not leave an empty file behind.
+        target = self.path if self._create else f"{Path(self.path).resolve().as_uri()}?mode=rw"
+        conn = sqlite3.connect(target, timeout=self._busy_timeout, isolation_level=None,
+                               check_same_thread=False, uri=not self._create)
         conn.row_factory = sqlite3.Row
         # Switching to WAL needs a moment of exclusive access; another process opening the
         # same new file at the same time may hold it, so wait for it like any other lock.
