@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from postroom import transitions
 from postroom.errors import PayloadCollision, Unauthorized
 from postroom.models import Ack, AuthContext, Envelope, Position, TaskState
@@ -10,8 +12,8 @@ from postroom.store.database import Operation, Tx
 from postroom.transitions import ReplyContent, TaskDecision
 from postroom.validation import CheckedEnvelope, check_envelope, check_int, check_text
 
-__all__ = ["RECEIVE", "RECEIVE_ATOMIC", "check", "check_position", "insert_reply",
-           "store_message", "watermark"]
+__all__ = ["RECEIVE", "RECEIVE_ATOMIC", "check", "check_position", "insert_replies",
+           "insert_reply", "store_message", "watermark"]
 
 RECEIVE = Operation("receive")
 RECEIVE_ATOMIC = Operation("receive_atomic")
@@ -90,10 +92,24 @@ def _insert_task(tx: Tx, settings: Settings, checked: CheckedEnvelope,
 
 def insert_reply(tx: Tx, settings: Settings, task_id: str, reply: ReplyContent) -> None:
     """Write the reply of a task that just became terminal."""
-    tx.run("reply_insert", reply_id=reply.reply_id, task_id=task_id, status=reply.status.value,
-           body=reply.body, fingerprint=reply.fingerprint, budget=settings.delivery_budget,
-           now=tx.now)
+    tx.run("reply_insert", **_reply(settings, tx.now, task_id, reply))
     tx.notify("postroom_replies")
+
+
+def insert_replies(tx: Tx, settings: Settings,
+                   replies: Sequence[tuple[str, ReplyContent]]) -> None:
+    """Write the replies of tasks that just became terminal (``(task_id, reply)`` pairs)."""
+    if replies:
+        tx.run_many("reply_insert", [_reply(settings, tx.now, task_id, reply)
+                                     for task_id, reply in replies])
+        tx.notify("postroom_replies")
+
+
+def _reply(settings: Settings, now: float, task_id: str,
+           reply: ReplyContent) -> dict[str, object]:
+    return {"reply_id": reply.reply_id, "task_id": task_id, "status": reply.status.value,
+            "body": reply.body, "fingerprint": reply.fingerprint,
+            "budget": settings.delivery_budget, "now": now}
 
 
 def _record_position(tx: Tx, checked: CheckedEnvelope, position: Position) -> None:

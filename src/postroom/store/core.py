@@ -184,11 +184,12 @@ class Store:
                                      limits=self._settings.limits, require_object=False))
                     for index, (claim, result) in enumerate(items)]
 
-        def work(tx: Tx) -> None:
+        def each(tx: Tx) -> None:
             for claim, result_json in prepared:
                 tasks.finish(tx, self._settings, claim, result_json=result_json, follow_ups=())
 
-        self._db.run(tasks.FINISH, work)
+        self._db.run_batch(tasks.FINISH,
+                           lambda tx: tasks.finish_all(tx, self._settings, prepared), each)
 
     def fail(self, claim: Claim, reason: str, *, retryable: bool = True) -> TaskState:
         """Report a failure; returns ``pending`` (retry after backoff) or ``failed``."""

@@ -105,9 +105,15 @@ class SQLiteDialect(Dialect):
         return conn.execute(sql, params)
 
     def executemany(self, conn: sqlite3.Connection, sql: str,
-                    rows: Sequence[Mapping[str, Any]]) -> None:
-        """Execute one statement per parameter set."""
+                    rows: Sequence[Mapping[str, Any]]) -> int:
+        """Execute one statement per parameter set; return how many rows they changed.
+
+        Counted from the connection's total: the cursor's ``rowcount`` stays 0 for statements
+        with ``RETURNING`` (the guarded ones).
+        """
+        before = conn.total_changes
         conn.executemany(sql, rows)
+        return conn.total_changes - before
 
     def execute_script(self, conn: sqlite3.Connection, script: str) -> None:
         """Run a script statement by statement inside the open transaction.
