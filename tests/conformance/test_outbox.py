@@ -119,6 +119,22 @@ def test_a_stale_publisher_is_fenced(store, done_task, clock):
     assert store.record_delivery(current, Outcome.delivered()) == ReplyState.SENT
 
 
+def test_record_deliveries_reports_a_stale_claim_and_records_the_others(store, auth, clock):
+    store.receive_atomic(auth, [envelope(f"m-{i}") for i in range(3)])
+    store.finish_batch([(claim, None) for claim in store.claim_batch("w", 3)])
+    stale = store.claim_replies("p1")[0]
+    clock.advance(store.settings.dispatch_lease)
+    current = store.claim_replies("p2", limit=3)
+    report = store.record_deliveries([(current[0], Outcome.delivered()),
+                                      (stale, Outcome.delivered()),
+                                      (current[1], Outcome.transient("timeout")),
+                                      (current[2], Outcome.delivered())])
+    assert (report.claimed, report.sent, report.retrying) == (4, 2, 1)
+    assert report.fenced == [stale.reply_id]
+    states = [store.reply(claim.task_id).state for claim in current]
+    assert states == [ReplyState.SENT, ReplyState.PENDING, ReplyState.SENT]
+
+
 def test_an_expired_sending_lease_returns_the_reply_to_pending(store, done_task, clock):
     store.claim_replies("p1")
     clock.advance(store.settings.dispatch_lease)

@@ -268,22 +268,28 @@ class Store:
 
     def record_deliveries(self, pairs: Iterable[tuple[ReplyClaim, Outcome]]) -> DispatchReport:
         """Record several outcomes in one transaction; fenced ones are reported, not raised."""
-        pairs = list(pairs)
-        delays = [self._settings.delivery_backoff.delay(claim.attempt, self._rng)
-                  for claim, _ in pairs]
+        items = [(claim, outcome, self._settings.delivery_backoff.delay(claim.attempt,
+                                                                        self._rng))
+                 for claim, outcome in pairs]
 
-        def work(tx: Tx) -> tuple[dict[ReplyState, int], list[str]]:
+        def bulk(tx: Tx) -> tuple[dict[ReplyState, int], list[str]]:
+            counts = dict.fromkeys(ReplyState, 0)
+            for state in outbox.record_all(tx, items):
+                counts[state] += 1
+            return counts, []
+
+        def each(tx: Tx) -> tuple[dict[ReplyState, int], list[str]]:
             counts = dict.fromkeys(ReplyState, 0)
             fenced: list[str] = []
-            for (claim, outcome), delay in zip(pairs, delays, strict=True):
+            for claim, outcome, delay in items:
                 try:
                     counts[outbox.record(tx, claim, outcome, delay=delay)] += 1
                 except Fenced:
                     fenced.append(claim.reply_id)
             return counts, fenced
 
-        counts, fenced = self._db.run(outbox.DISPATCH_RECORD, work)
-        return DispatchReport(claimed=len(pairs), sent=counts[ReplyState.SENT],
+        counts, fenced = self._db.run_batch(outbox.DISPATCH_RECORD, bulk, each)
+        return DispatchReport(claimed=len(items), sent=counts[ReplyState.SENT],
                               retrying=counts[ReplyState.PENDING],
                               dead=counts[ReplyState.DEAD], fenced=fenced)
 
