@@ -24,7 +24,8 @@ __all__ = ["ACCEPT", "Effect", "Receiver"]
 ACCEPT = Operation("receiver.accept")
 
 #: A business effect: called inside the receipt's transaction with the transaction (for
-#: ``tx.execute``) and the parsed reply body. Raising rolls back the receipt too.
+#: ``tx.execute``) and the parsed reply body, once per new reply, in order (in a batch, after
+#: the batch's receipts are written). Raising rolls back the receipts too.
 Effect = Callable[[Tx, dict[str, Any]], None]
 
 
@@ -55,26 +56,40 @@ class Receiver:
 
     def accept_batch(self, replies: Sequence[Outgoing]) -> list[Outcome]:
         """Take several replies in one transaction; one outcome per reply, in order."""
-        return self._db.run(ACCEPT, lambda tx: [self._accept_one(tx, reply)
-                                                for reply in replies])
+        return self._db.run_batch(ACCEPT, lambda tx: self._accept_all(tx, replies),
+                                  lambda tx: [self._accept_one(tx, reply) for reply in replies])
+
+    def _accept_all(self, tx: Tx, replies: Sequence[Outgoing]) -> list[Outcome]:
+        """Receipts and effects of a batch of new replies, one statement each.
+
+        ``NotAllApplied`` if a reply id was already received (or is given twice): then
+        ``_accept_one`` per reply tells duplicates from collisions.
+        """
+        documents = [_parse(reply) for reply in replies]
+        fresh = [(reply, document) for reply, document in zip(replies, documents, strict=True)
+                 if not isinstance(document, Outcome)]
+        tx.run_all("receipt_insert", [_receipt(reply, tx.now) for reply, _ in fresh])
+        tx.run_many("effect_insert", [_effect(reply, document, tx.now)
+                                      for reply, document in fresh])
+        if self._effect is not None:
+            for _, document in fresh:
+                self._effect(tx, document)
+        return [document if isinstance(document, Outcome) else Outcome.delivered()
+                for document in documents]
 
     def _accept_one(self, tx: Tx, reply: Outgoing) -> Outcome:
         document = _parse(reply)
         if isinstance(document, Outcome):
             return document
-        content = fingerprint(reply.body)  # computed here: the sender's word is not evidence
-        if tx.one("receipt_insert", reply_id=reply.reply_id, fingerprint=content,
-                  body=reply.body, now=tx.now) is None:
+        receipt = _receipt(reply, tx.now)
+        if tx.one("receipt_insert", **receipt) is None:
             stored = tx.one("receipt_get", reply_id=reply.reply_id)
-            if stored is not None and stored["fingerprint"] == content:
+            if stored is not None and stored["fingerprint"] == receipt["fingerprint"]:
                 return Outcome.delivered(duplicate=True)
             return Outcome.collision(f"stored fingerprint "
                                      f"{stored['fingerprint'] if stored else '?'}, "
-                                     f"received {content}")
-        result = document.get("result")
-        tx.run("effect_insert", reply_id=reply.reply_id, task_id=document["task_id"],
-               status=document["status"], now=tx.now,
-               result=None if result is None else canonical_json(result))
+                                     f"received {receipt['fingerprint']}")
+        tx.run("effect_insert", **_effect(reply, document, tx.now))
         if self._effect is not None:
             self._effect(tx, document)
         return Outcome.delivered()
@@ -111,6 +126,19 @@ class Receiver:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _receipt(reply: Outgoing, now: float) -> dict[str, Any]:
+    # The fingerprint is computed here: the sender's word is not evidence.
+    return {"reply_id": reply.reply_id, "fingerprint": fingerprint(reply.body),
+            "body": reply.body, "now": now}
+
+
+def _effect(reply: Outgoing, document: dict[str, Any], now: float) -> dict[str, Any]:
+    result = document.get("result")
+    return {"reply_id": reply.reply_id, "task_id": document["task_id"],
+            "status": document["status"], "now": now,
+            "result": None if result is None else canonical_json(result)}
 
 
 def _parse(reply: Outgoing) -> dict[str, Any] | Outcome:

@@ -224,3 +224,30 @@ def test_a_receiver_refuses_a_reply_id_that_does_not_match_its_body(receiver):
     with pytest.raises(postroom.InvalidInput, match="task_id"):
         receiver.accept("reply:other", '{"kind":"result","result":1,"status":"done",'
                                        '"task_id":"t"}')
+
+
+def _outgoing(task_id: str, result: object) -> postroom.Outgoing:
+    body = f'{{"kind":"result","result":{result},"status":"done","task_id":"{task_id}"}}'
+    return postroom.Outgoing(reply_id=f"reply:{task_id}", body=body, fingerprint="")
+
+
+def test_a_receiver_batch_of_new_replies_has_one_effect_each_in_order(make_url):
+    seen = []
+    with postroom.Receiver.open(make_url("receiver"),
+                                effect=lambda tx, document: seen.append(document)) as receiver:
+        outcomes = receiver.accept_batch([_outgoing(t, 1) for t in ("a", "b", "c")])
+        assert [outcome.kind for outcome in outcomes] == ["delivered"] * 3
+        assert [document["task_id"] for document in seen] == ["a", "b", "c"]
+        assert receiver.effects_total() == 3
+
+
+def test_a_receiver_batch_tells_new_duplicate_collision_and_malformed_apart(receiver):
+    receiver.accept_batch([_outgoing("dup", 1), _outgoing("clash", 1)])
+    outcomes = receiver.accept_batch([
+        _outgoing("new", 1), _outgoing("dup", 1), _outgoing("clash", 2),
+        postroom.Outgoing(reply_id="reply:bad", body="not json", fingerprint=""),
+        _outgoing("new", 1)])
+    assert [(o.kind, o.duplicate) for o in outcomes] == [
+        ("delivered", False), ("delivered", True), ("collision", False),
+        ("permanent", False), ("delivered", True)]
+    assert receiver.effects_total() == 3
