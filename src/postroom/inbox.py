@@ -13,7 +13,7 @@ from postroom.transitions import ReplyContent, TaskDecision
 from postroom.validation import CheckedEnvelope, check_envelope, check_int, check_text
 
 __all__ = ["RECEIVE", "RECEIVE_ATOMIC", "check", "check_position", "insert_replies",
-           "insert_reply", "store_message", "watermark"]
+           "insert_reply", "store_all", "store_message", "watermark"]
 
 RECEIVE = Operation("receive")
 RECEIVE_ATOMIC = Operation("receive_atomic")
@@ -54,9 +54,7 @@ def store_message(tx: Tx, settings: Settings, checked: CheckedEnvelope,
     A repeat of a stored identity with the same fingerprint is a duplicate and writes
     nothing; with a different fingerprint it is a ``PayloadCollision``.
     """
-    inserted = tx.one("inbox_insert", task_id=checked.task_id, principal=checked.principal,
-                      message_id=checked.message_id, fingerprint=checked.fingerprint,
-                      envelope=checked.envelope, now=tx.now)
+    inserted = tx.one("inbox_insert", **_inbox(checked, tx.now))
     if inserted is None:
         stored = tx.one("inbox_fingerprint", task_id=checked.task_id)
         if stored is None or stored["fingerprint"] != checked.fingerprint:
@@ -76,14 +74,45 @@ def store_message(tx: Tx, settings: Settings, checked: CheckedEnvelope,
     return Ack(task_id=checked.task_id, duplicate=duplicate)
 
 
+def store_all(tx: Tx, settings: Settings, items: Sequence[CheckedEnvelope]) -> list[Ack]:
+    """``store_message`` for a batch of new messages, one statement per table.
+
+    Raises ``NotAllApplied`` if any identity is already stored (or given twice):
+    ``store_message`` item by item then tells duplicates from collisions.
+    """
+    now = tx.now
+    tx.run_all("inbox_insert", [_inbox(checked, now) for checked in items])
+    decided = [(checked, transitions.initial_state(
+        checked.task_id, deadline=checked.deadline, hops=checked.hops,
+        max_hops=settings.max_hops, now=now)) for checked in items]
+    tx.run_many("task_insert", [_task(checked, decision, now) for checked, decision in decided])
+    insert_replies(tx, settings, [(checked.task_id, decision.reply)
+                                  for checked, decision in decided if decision.reply])
+    for queue in dict.fromkeys(checked.queue for checked, decision in decided
+                               if decision.to_state is TaskState.PENDING):
+        tx.notify(queue)
+    return [Ack(task_id=checked.task_id, duplicate=False) for checked in items]
+
+
+def _inbox(checked: CheckedEnvelope, now: float) -> dict[str, object]:
+    return {"task_id": checked.task_id, "principal": checked.principal,
+            "message_id": checked.message_id, "fingerprint": checked.fingerprint,
+            "envelope": checked.envelope, "now": now}
+
+
+def _task(checked: CheckedEnvelope, decision: TaskDecision, now: float) -> dict[str, object]:
+    return {"task_id": checked.task_id, "principal": checked.principal,
+            "message_id": checked.message_id, "queue": checked.queue,
+            "state": decision.to_state.value, "payload": checked.payload,
+            "deadline": checked.deadline, "max_attempts": checked.max_attempts,
+            "hops": checked.hops, "parent_task_id": checked.parent_task_id,
+            "correlation_id": checked.correlation_id, "result": decision.result,
+            "last_error": decision.last_error, "now": now}
+
+
 def _insert_task(tx: Tx, settings: Settings, checked: CheckedEnvelope,
                  decision: TaskDecision) -> None:
-    tx.run("task_insert", task_id=checked.task_id, principal=checked.principal,
-           message_id=checked.message_id, queue=checked.queue, state=decision.to_state.value,
-           payload=checked.payload, deadline=checked.deadline,
-           max_attempts=checked.max_attempts, hops=checked.hops,
-           parent_task_id=checked.parent_task_id, correlation_id=checked.correlation_id,
-           result=decision.result, last_error=decision.last_error, now=tx.now)
+    tx.run("task_insert", **_task(checked, decision, tx.now))
     if decision.reply is not None:
         insert_reply(tx, settings, checked.task_id, decision.reply)
     elif decision.to_state is TaskState.PENDING:

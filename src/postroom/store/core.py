@@ -128,9 +128,15 @@ class Store:
                     _indexed(index, inbox.check_position, self._settings, position))
                    for index, (envelope, position) in enumerate(zip(envelopes, places,
                                                                     strict=True))]
-        return self._db.run(inbox.RECEIVE_ATOMIC, lambda tx: [
-            inbox.store_message(tx, self._settings, item, position)
-            for item, position in checked])
+
+        def each(tx: Tx) -> list[Ack]:
+            return [inbox.store_message(tx, self._settings, item, position)
+                    for item, position in checked]
+
+        if any(position is not None for _, position in checked):
+            return self._db.run(inbox.RECEIVE_ATOMIC, each)
+        return self._db.run_batch(inbox.RECEIVE_ATOMIC, lambda tx: inbox.store_all(
+            tx, self._settings, [item for item, _ in checked]), each)
 
     def watermark(self, auth: AuthContext, stream: str) -> int:
         """The highest ``seq`` of ``stream`` such that every lower one is stored (0: none)."""
