@@ -58,6 +58,27 @@ def render(report: dict[str, Any]) -> str:
     for bar in report["bars"]:
         lines.append(f"| {bar['text']} | {bar['measured']:.3f}x | >= {bar['required']}x | "
                      f"{'pass' if bar['passed'] else 'FAIL'} |")
+    split = [row for row in report["measurements"] if "database_share" in row["details"]]
+    if split:
+        lines += [
+            "",
+            "## Where an end-to-end task's time goes",
+            "",
+            "One extra round per scenario, after the timed ones, clocks the time spent inside "
+            "the database driver (statements, commits and the fsyncs they wait for). The rest "
+            "is postroom's Python. The last column divides the ratio by the database's share: "
+            "the ratio postroom would reach if its Python took no time, i.e. the most that "
+            "optimizing Python can give with these statements, transactions and schema.",
+            "",
+            "| measurement | commits per task | share of time in the database | "
+            "ratio if Python took no time |",
+            "|---|---:|---:|---:|",
+        ]
+        for row in split:
+            details = row["details"]
+            lines.append(f"| {row['label']} | {details['commits_per_task']:g} | "
+                         f"{details['database_share']:.0%} | "
+                         f"{details['ratio_if_python_were_free']:.3f} |")
     plans = [row for row in report["measurements"] if "claim_plan" in row["details"]]
     if plans:
         largest = max(plans, key=lambda row: row["details"]["backlog"])

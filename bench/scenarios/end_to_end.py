@@ -9,8 +9,9 @@ costs the commits a real deployment pays:
   (the receiver takes the whole batch in one transaction): six transactions per batch.
 
 Both keep ``synchronous=FULL`` and the time high-water in every write transaction. After the
-rounds the run is checked: one receiver effect per task and a clean ``postroom audit`` of both
-databases, or no figure.
+timed rounds, one more round measures how much of the time is spent inside the database
+driver (and counts the commits); then the run is checked: one receiver effect per task and a
+clean ``postroom audit`` of both databases, or no figure.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import postroom
-from bench.context import BenchError, Context, Measurement
+from bench.context import BenchError, Context, Measurement, Rounds, median
 from postroom.audit import audit_database
 from postroom.store import Database
 
@@ -58,25 +59,58 @@ def _pipeline(ctx: Context, name: str) -> Iterator[tuple[postroom.Store, postroo
         yield store, receiver, postroom.InProcessTransport(receiver)
 
 
-def _commits_per_task(databases: list[Database], tasks: int,
-                      work: Callable[[], Any]) -> float:
-    """Run ``work`` (untimed) counting the commits it makes on ``databases``."""
-    commits = 0
-    dialects = [database.dialect for database in databases]
-    for dialect in dialects:
+class _DriverTime:
+    """Time spent inside the database driver, and commits made, while the block runs.
 
-        def counted(conn: Any, _commit: Callable[[Any], None] = dialect.commit) -> None:
-            nonlocal commits
-            commits += 1
-            _commit(conn)
+    A diagnostic, taken in an extra round after the timed ones: it wraps the dialects'
+    methods on their instances (a little overhead of its own), and splits a task's time into
+    the database's work (SQL, commits, the fsync they wait for) and postroom's Python.
+    """
 
-        dialect.commit = counted  # type: ignore[method-assign]  # shadows the method
-    try:
-        work()
-    finally:
-        for dialect in dialects:
-            del dialect.commit  # the class's method again
-    return commits / tasks
+    _METHODS = ("begin", "execute", "executemany", "commit", "rollback")
+
+    def __init__(self, databases: list[Database]) -> None:
+        self._dialects = [database.dialect for database in databases]
+        self.seconds = 0.0
+        self.commits = 0
+
+    def __enter__(self) -> _DriverTime:
+        for dialect in self._dialects:
+            for name in self._METHODS:
+                setattr(dialect, name, self._timed(getattr(dialect, name), name))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for dialect in self._dialects:
+            for name in self._METHODS:
+                delattr(dialect, name)  # the class's method again
+
+    def _timed(self, method: Callable[..., Any], name: str) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+                if name == "commit":
+                    self.commits += 1
+
+        return timed
+
+
+def _measure(ctx: Context, store: postroom.Store, receiver: postroom.Receiver,
+             work: Callable[[], int]) -> tuple[Rounds, dict[str, float]]:
+    """A warm-up round, the timed rounds, then one round split by ``_DriverTime``."""
+    work()
+    rounds = ctx.timed_rounds(work)
+    with _DriverTime([store.database, receiver.database]) as inside:
+        start = time.perf_counter()
+        tasks = work()
+        wall = time.perf_counter() - start
+    share = inside.seconds / wall
+    return rounds, {"commits_per_task": round(inside.commits / tasks, 4),
+                    "database_share": round(share, 3),
+                    "ratio_if_python_were_free": round(median(rounds.ratios) / share, 4)}
 
 
 def _check(store: postroom.Store, receiver: postroom.Receiver, tasks: int) -> None:
@@ -95,31 +129,24 @@ def run_single(ctx: Context) -> list[Measurement]:
     numbers = _Numbers()
     with _pipeline(ctx, "e2e-single") as (store, receiver, transport):
 
-        def one_task() -> None:
-            (n,) = numbers.take(1)
-            store.receive(_AUTH, _envelope(n, time.time() + _HOUR))
-            claim = store.claim("worker")
-            if claim is None:
-                raise BenchError(f"task {n} was received but could not be claimed")
-            store.finish(claim, {"n": n, "summary": "done"})
-            if store.dispatch(transport).sent != 1:
-                raise BenchError(f"the reply of task {n} was not delivered")
-
         def work() -> int:
-            for _ in range(per_round):
-                one_task()
+            for n in numbers.take(per_round):
+                store.receive(_AUTH, _envelope(n, time.time() + _HOUR))
+                claim = store.claim("worker")
+                if claim is None:
+                    raise BenchError(f"task {n} was received but could not be claimed")
+                store.finish(claim, {"n": n, "summary": "done"})
+                if store.dispatch(transport).sent != 1:
+                    raise BenchError(f"the reply of task {n} was not delivered")
             return per_round
 
-        commits = _commits_per_task([store.database, receiver.database], 1, one_task)
         ctx.progress("end-to-end, one at a time: measuring")
-        work()  # untimed warm-up round
-        rounds = ctx.timed_rounds(work)
+        rounds, split = _measure(ctx, store, receiver, work)
         _check(store, receiver, numbers.used)
     return [Measurement(
         id="e2e.single", backend=ctx.target.backend, unit="tasks/s",
         label="end to end, one at a time (receive, claim, finish, dispatch to a receiver)",
-        rounds=rounds,
-        details={"tasks_per_round": per_round, "commits_per_task": commits})]
+        rounds=rounds, details={"tasks_per_round": per_round, **split})]
 
 
 def run_batched(ctx: Context) -> list[Measurement]:
@@ -128,31 +155,25 @@ def run_batched(ctx: Context) -> list[Measurement]:
     numbers = _Numbers()
     with _pipeline(ctx, "e2e-batched") as (store, receiver, transport):
 
-        def one_batch() -> None:
-            deadline = time.time() + _HOUR
-            store.receive_atomic(_AUTH, [_envelope(n, deadline) for n in numbers.take(size)])
-            claims = store.claim_batch("worker", size)
-            if len(claims) != size:
-                raise BenchError(f"claimed {len(claims)} of a batch of {size}")
-            store.finish_batch([(claim, {"n": claim.payload["n"], "summary": "done"})
-                                for claim in claims])
-            if store.dispatch(transport, limit=size).sent != size:
-                raise BenchError("a batch of replies was not delivered whole")
-
         def work() -> int:
             for _ in range(batches):
-                one_batch()
+                deadline = time.time() + _HOUR
+                store.receive_atomic(_AUTH, [_envelope(n, deadline)
+                                             for n in numbers.take(size)])
+                claims = store.claim_batch("worker", size)
+                if len(claims) != size:
+                    raise BenchError(f"claimed {len(claims)} of a batch of {size}")
+                store.finish_batch([(claim, {"n": claim.payload["n"], "summary": "done"})
+                                    for claim in claims])
+                if store.dispatch(transport, limit=size).sent != size:
+                    raise BenchError("a batch of replies was not delivered whole")
             return batches * size
 
-        commits = _commits_per_task([store.database, receiver.database], size, one_batch)
         ctx.progress(f"end-to-end, batches of {size}: measuring")
-        work()  # untimed warm-up round
-        rounds = ctx.timed_rounds(work)
+        rounds, split = _measure(ctx, store, receiver, work)
         _check(store, receiver, numbers.used)
     return [Measurement(
         id="e2e.batched", backend=ctx.target.backend, unit="tasks/s",
         label=f"end to end, batches of {size} (receive_atomic, claim_batch, finish_batch, "
               f"dispatch(limit={size}))",
-        rounds=rounds,
-        details={"batch_size": size, "batches_per_round": batches,
-                 "commits_per_batch": commits * size})]
+        rounds=rounds, details={"batch_size": size, "batches_per_round": batches, **split})]

@@ -58,7 +58,17 @@ def test_quick_run_reports_every_scenario_with_a_ratio_to_the_raw_loop(quick_rep
 def test_quick_run_counts_the_commits_a_task_costs(quick_report):
     rows = {row["id"]: row for row in quick_report["measurements"]}
     assert rows["e2e.single"]["details"]["commits_per_task"] == 6
-    assert rows["e2e.batched"]["details"]["commits_per_batch"] == 6
+    batched = rows["e2e.batched"]["details"]
+    assert batched["commits_per_task"] == pytest.approx(6 / batched["batch_size"])
+
+
+def test_quick_run_splits_end_to_end_time_between_database_and_python(quick_report):
+    for row in quick_report["measurements"]:
+        if row["id"].startswith("e2e."):
+            details = row["details"]
+            assert 0 < details["database_share"] <= 1
+            assert details["ratio_if_python_were_free"] == pytest.approx(
+                row["ratio_to_raw"] / details["database_share"], rel=0.01)
 
 
 def test_quick_run_judges_the_three_bars(quick_report):
