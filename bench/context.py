@@ -86,10 +86,13 @@ class Baseline(Protocol):
 
 @dataclass(frozen=True, kw_only=True)
 class Rounds:
-    """The rates of timed rounds, each with its ratio to the baseline measured around it."""
+    """The values of timed rounds, each with its ratio to the baseline measured around it.
+
+    ``ratios`` is empty for a figure that a commit rate does not divide (a latency).
+    """
 
     rates: tuple[float, ...]
-    ratios: tuple[float, ...]
+    ratios: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,14 +112,15 @@ class Measurement:
         return median(self.rounds.rates)
 
     @property
-    def ratio(self) -> float:
-        """The median of the rounds' ratios to the raw loop."""
-        return median(self.rounds.ratios)
+    def ratio(self) -> float | None:
+        """The median of the rounds' ratios to the raw loop (``None`` without ratios)."""
+        return median(self.rounds.ratios) if self.rounds.ratios else None
 
     def to_dict(self) -> dict[str, Any]:
         """The row as plain JSON values."""
         return {"id": self.id, "label": self.label, "backend": self.backend, "unit": self.unit,
-                "value": round(self.value, 1), "ratio_to_raw": round(self.ratio, 4),
+                "value": round(self.value, 1),
+                "ratio_to_raw": None if self.ratio is None else round(self.ratio, 4),
                 "rounds": [round(rate, 1) for rate in self.rounds.rates],
                 "round_ratios": [round(ratio, 4) for ratio in self.rounds.ratios],
                 "details": self.details}

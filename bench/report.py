@@ -46,8 +46,9 @@ def render(report: dict[str, Any]) -> str:
     ]
     for row in report["measurements"]:
         rounds = ", ".join(f"{value:,.0f}" for value in row["rounds"])
-        lines.append(f"| {row['label']} | {row['value']:,.0f} {row['unit']} | "
-                     f"{row['ratio_to_raw']:.3f} | {rounds} |")
+        ratio = "" if row["ratio_to_raw"] is None else f"{row['ratio_to_raw']:.3f}"
+        lines.append(f"| {row['label']} | {row['value']:,.0f} {row['unit']} | {ratio} | "
+                     f"{rounds} |")
     lines += [
         "",
         "## Bars",

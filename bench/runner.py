@@ -114,7 +114,7 @@ def run_bench(*, sizes: Sizes, mode: str, folder: Path, only: Sequence[str] = ()
 def _report(*, command: str, mode: str, started: datetime, elapsed: float,
             machine_info: dict[str, Any], sizes: Sizes, load: tuple[list[float], list[float]],
             rows: list[Measurement]) -> dict[str, Any]:
-    ratios = {row.id: row.ratio for row in rows}
+    ratios = {row.id: row.ratio for row in rows if row.ratio is not None}
     judged = []
     for bar in bars_for(rows):
         measured = ratios[bar.numerator] / ratios[bar.denominator]
