@@ -85,8 +85,9 @@ def test_quick_run_judges_the_three_bars(quick_report):
 
 def test_quick_run_reads_the_claim_plan_and_describes_the_machine(quick_report):
     rows = {row["id"]: row for row in quick_report["measurements"]}
-    plan = "\n".join(rows["claim_finish.backlog_3000"]["details"]["claim_plan"])
-    assert "tasks_claimable" in plan
+    plans = rows["claim_finish.backlog_3000"]["details"]["claim_plans"]
+    assert set(plans) == {"claim_tasks", "tasks_lease_expired", "tasks_deadline_passed"}
+    assert "tasks_claimable" in "\n".join(plans["claim_tasks"])
     machine = quick_report["machine"]
     assert machine["nproc"] >= 1 and machine["sqlite"] and machine["python"]
     assert machine["filesystem"] not in {"tmpfs", "ramfs"}
