@@ -47,7 +47,7 @@ class Sizes:
     build_batch: int = 10_000
 
 
-FULL = Sizes(raw_commits=1_000, rounds=5, backlogs=(1_000, 100_000, 1_000_000),
+FULL = Sizes(raw_commits=1_000, rounds=7, backlogs=(1_000, 100_000, 1_000_000),
              claim_cycles=500, single_tasks=300, batch_size=500, batches=4)
 QUICK = Sizes(raw_commits=100, rounds=2, backlogs=(100, 1_000, 3_000), claim_cycles=40,
               single_tasks=20, batch_size=50, batches=2, build_batch=1_000)
