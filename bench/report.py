@@ -69,17 +69,20 @@ def render(report: dict[str, Any]) -> str:
             "the database driver (statements, commits and the fsyncs they wait for). The rest "
             "is postroom's Python. The last column divides the ratio by the database's share: "
             "the ratio postroom would reach if its Python took no time, i.e. the most that "
-            "optimizing Python can give with these statements, transactions and schema.",
+            "optimizing Python can give with these statements, transactions and schema. Each "
+            "scenario starts from empty databases, which grow by every round's tasks; the "
+            "rounds above are in order, so a trend in them is the cost of a growing store.",
             "",
             "| measurement | commits per task | share of time in the database | "
-            "ratio if Python took no time |",
-            "|---|---:|---:|---:|",
+            "ratio if Python took no time | tasks in the store at the end |",
+            "|---|---:|---:|---:|---:|",
         ]
         for row in split:
             details = row["details"]
             lines.append(f"| {row['label']} | {details['commits_per_task']:g} | "
                          f"{details['database_share']:.0%} | "
-                         f"{details['ratio_if_python_were_free']:.3f} |")
+                         f"{details['ratio_if_python_were_free']:.3f} | "
+                         f"{details['tasks_in_store_at_end']:,} |")
     plans = [row for row in report["measurements"] if "claim_plans" in row["details"]]
     if plans:
         largest = max(plans, key=lambda row: row["details"]["backlog"])

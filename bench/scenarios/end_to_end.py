@@ -146,7 +146,8 @@ def run_single(ctx: Context) -> list[Measurement]:
     return [Measurement(
         id="e2e.single", backend=ctx.target.backend, unit="tasks/s",
         label="end to end, one at a time (receive, claim, finish, dispatch to a receiver)",
-        rounds=rounds, details={"tasks_per_round": per_round, **split})]
+        rounds=rounds, details={"tasks_per_round": per_round, **split,
+                                "tasks_in_store_at_end": numbers.used})]
 
 
 def run_batched(ctx: Context) -> list[Measurement]:
@@ -176,4 +177,5 @@ def run_batched(ctx: Context) -> list[Measurement]:
         id="e2e.batched", backend=ctx.target.backend, unit="tasks/s",
         label=f"end to end, batches of {size} (receive_atomic, claim_batch, finish_batch, "
               f"dispatch(limit={size}))",
-        rounds=rounds, details={"batch_size": size, "batches_per_round": batches, **split})]
+        rounds=rounds, details={"batch_size": size, "batches_per_round": batches, **split,
+                                "tasks_in_store_at_end": numbers.used})]
