@@ -14,7 +14,7 @@ import pytest
 
 import postroom
 from postroom import faults
-from tests.support import START
+from tests.support import SETTINGS, START
 
 
 def backends() -> list[str]:
@@ -67,8 +67,7 @@ def clock() -> postroom.ManualClock:
 
 @pytest.fixture
 def settings() -> postroom.Settings:
-    return postroom.Settings(backoff=postroom.FixedBackoff(seconds=10.0),
-                             delivery_backoff=postroom.FixedBackoff(seconds=5.0))
+    return SETTINGS
 
 
 @pytest.fixture

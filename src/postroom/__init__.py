@@ -9,6 +9,12 @@ effect; every state is explained by durable records.
     claim = store.claim("worker-1")
     store.finish(claim, {"answer": 42})
     store.dispatch(postroom.InProcessTransport(receiver))
+
+    opened = store.open_wait("refund-17", "approval", 0, deadline)      # ask, with a deadline
+    store.signal(postroom.AuthContext(principal="alice"), "mail-1", "refund-17", "approval",
+                 opened.generation, {"approve": True})                   # the answer arrives
+    for c in store.continuations():                                      # after any restart
+        store.resume(c.flow, c.step, c.generation, None)                 # exactly once
 """
 
 from postroom.clock import Clock, ManualClock, SystemClock
@@ -33,9 +39,13 @@ from postroom.models import (
     Ack,
     AuthContext,
     Claim,
+    Continuation,
+    ContinuationKind,
     DispatchReport,
     Envelope,
+    ExpireResult,
     FollowUp,
+    OpenResult,
     Outcome,
     OutcomeKind,
     Outgoing,
@@ -46,8 +56,15 @@ from postroom.models import (
     ReplyClaim,
     ReplyState,
     Requeue,
+    ResumeResult,
+    Resumption,
+    SignalReceipt,
+    SignalResult,
     Task,
     TaskState,
+    Wait,
+    WaitOpening,
+    WaitState,
 )
 from postroom.receiver import Receiver
 from postroom.settings import ExponentialBackoff, FixedBackoff, Settings
@@ -64,9 +81,12 @@ __all__ = [
     "Claim",
     "Clock",
     "Conflict",
+    "Continuation",
+    "ContinuationKind",
     "DeliveryError",
     "DispatchReport",
     "Envelope",
+    "ExpireResult",
     "ExponentialBackoff",
     "Fenced",
     "FixedBackoff",
@@ -77,6 +97,7 @@ __all__ = [
     "Limits",
     "ManualClock",
     "NotFound",
+    "OpenResult",
     "Outcome",
     "OutcomeKind",
     "Outgoing",
@@ -91,8 +112,12 @@ __all__ = [
     "ReplyClaim",
     "ReplyState",
     "Requeue",
+    "ResumeResult",
+    "Resumption",
     "SchemaError",
     "Settings",
+    "SignalReceipt",
+    "SignalResult",
     "Store",
     "StoreError",
     "StoreUnavailable",
@@ -102,6 +127,9 @@ __all__ = [
     "TransientDeliveryError",
     "Transport",
     "Unauthorized",
+    "Wait",
+    "WaitOpening",
+    "WaitState",
     "__version__",
     "open_store",
 ]

@@ -20,16 +20,27 @@ def main() -> None:
 
 
 @main.command()
-def demo() -> None:
-    """Run the end-to-end story on a temporary SQLite database.
+@click.argument("story", type=click.Choice(["tasks", "waits"]), default="tasks")
+def demo(story: str) -> None:
+    """Run an end-to-end story on a temporary SQLite database.
 
-    receive -> claim -> the worker dies -> restart -> lease recovered -> the stale worker's
-    commit is rejected -> done -> the first delivery loses its ACK -> redelivery with the
-    same reply_id -> sent, exactly one receiver effect.
+    tasks (the default): receive -> claim -> the worker dies -> restart -> lease recovered
+    -> the stale worker's commit is rejected -> done -> the first delivery loses its ACK ->
+    redelivery with the same reply_id -> sent, exactly one receiver effect.
+
+    waits: a task asks a human with a deadline -> restart -> timed out, asked again ->
+    the answer, its duplicate and a stale one arrive -> the resuming process dies after its
+    commit -> the follow-up task runs exactly once.
     """
-    from postroom.demo import run_demo
+    if story == "waits":
+        from postroom.demo_waits import run_waits_demo
 
-    if not run_demo(click.echo):
+        held = run_waits_demo(click.echo)
+    else:
+        from postroom.demo import run_demo
+
+        held = run_demo(click.echo)
+    if not held:
         sys.exit(1)
 
 
@@ -111,3 +122,82 @@ def bench(quick: bool, only: tuple[str, ...], folder: Path | None,
         report.write(outcome, results)
         click.echo(f"wrote {results}", err=True)
     click.echo(json.dumps(outcome, indent=2))
+
+
+@main.command("random-audit")
+@click.option("--seeds", default=50, show_default=True, type=click.IntRange(min=0),
+              help="Seeds to run; each is a fresh store and receiver.")
+@click.option("--ops", default=500, show_default=True, type=click.IntRange(min=1),
+              help="Operations per seed, each followed by every check.")
+@click.option("--rounds", default=40, show_default=True, type=click.IntRange(min=0),
+              help="Multi-process rounds on one shared store.")
+@click.option("--processes", default=8, show_default=True, type=click.IntRange(1, 64),
+              help="Processes per round, released together; some are SIGKILLed.")
+@click.option("--wait-rounds", default=40, show_default=True, type=click.IntRange(min=0),
+              help="Multi-process wait rounds: contested registrations, signals, deadlines "
+                   "and resumes, exactly one winner each.")
+@click.option("--wait-processes", default=12, show_default=True, type=click.IntRange(1, 64),
+              help="Processes per wait round, released together; some are SIGKILLed.")
+@click.option("--first-seed", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Seeds run from this one upwards (to reproduce a reported seed).")
+@click.option("--folder", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Keep the databases here for inspection (default: a temporary folder).")
+def random_audit(*, seeds: int, ops: int, rounds: int, processes: int, wait_rounds: int,
+                 wait_processes: int, first_seed: int, folder: Path | None) -> None:
+    """Run mixed random operations with crashes over many seeds, then multi-process rounds
+    of tasks, then multi-process rounds of waits.
+
+    The SPEC §8 invariants and the cross-step checks run after every operation and round.
+    Prints a JSON summary; exits 1 if anything was violated, naming the seed, step and
+    operation (or the round).
+    """
+    from postroom.simulation import random_audit as run
+
+    with click.progressbar(length=seeds * ops + rounds + wait_rounds, label="random audit",
+                           file=sys.stderr) as bar:
+        summary = run(seeds=seeds, ops=ops, rounds=rounds, processes=processes,
+                      wait_rounds=wait_rounds, wait_processes=wait_processes,
+                      first_seed=first_seed, folder=folder, progress=bar.update)
+    report = summary.to_dict()
+    click.echo(json.dumps(report, indent=2))
+    if report["violations"]:
+        sys.exit(1)
+
+
+@main.command()
+@click.option("--check", "check_", is_flag=True,
+              help="Compare every step with its expectation; exit 1 on any difference.")
+@click.option("--file", "path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Run another scenario file instead of the packaged scenarios.json.")
+def scenarios(check_: bool, path: Path | None) -> None:
+    """Run the wait scenario suite for real: databases, subprocesses, crashes.
+
+    Every case runs on a new database with the audit after every step. Without --check,
+    prints what each step did (JSON); with --check, compares it with the frozen
+    expectations and checks that every wait fault point has a crash case.
+    """
+    from postroom import scenarios as suite
+
+    document = suite.load(path)
+    name = path.name if path is not None else "scenarios.json"
+
+    def progress(outcome: suite.Outcome) -> None:
+        if check_:
+            status = "ok  " if not outcome.mismatches else "FAIL"
+            click.echo(f"{status} {outcome.group}/{outcome.case} ({len(outcome.reports)} steps)")
+
+    outcomes = suite.run(document, progress=progress)
+    if not check_:
+        click.echo(json.dumps([{"group": o.group, "case": o.case, "reports": o.reports}
+                               for o in outcomes], indent=1, ensure_ascii=False))
+        return
+    problems = suite.check(document, outcomes)
+    for problem in problems:
+        click.echo(f"  {problem}")
+    groups = len(document["groups"])
+    steps = sum(len(o.reports) for o in outcomes)
+    if problems:
+        click.echo(f"FAIL: {len(problems)} differences from {name}")
+        sys.exit(1)
+    click.echo(f"PASS: {groups} scenario groups ({len(outcomes)} cases, {steps} steps) "
+               f"match {name}")

@@ -11,7 +11,7 @@ import json
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,7 +26,7 @@ from postroom.settings import FixedBackoff, Settings
 from postroom.store.core import Store
 from postroom.transports import InProcessTransport
 
-__all__ = ["run_demo"]
+__all__ = ["Checks", "run_demo"]
 
 _START = 1_767_225_600.0  # 2026-01-01T00:00:00Z, so the printed times are readable
 _SETTINGS = Settings(lease=30.0, delivery_backoff=FixedBackoff(seconds=5.0))
@@ -51,15 +51,32 @@ def run_demo(echo: Callable[[str], None] = print, folder: Path | None = None) ->
                       f"sqlite:///{root / 'receiver.db'}")
 
 
-def _story(echo: Callable[[str], None], url: str, receiver_url: str) -> bool:
-    ok = True
+class Checks:
+    """A story's expectations: each one that fails is printed; ``held`` says whether all held."""
 
-    def check(condition: bool, what: str) -> None:
-        nonlocal ok
+    def __init__(self, echo: Callable[[str], None]) -> None:
+        self._echo = echo
+        self.held = True
+
+    def __call__(self, condition: bool, what: str) -> None:
         if not condition:
-            ok = False
-            echo(f"   !! expected: {what}")
+            self.held = False
+            self._echo(f"   !! expected: {what}")
 
+    def closing_audit(self, heading: str, urls: Sequence[str], scope: str) -> bool:
+        """Audit every database, print what it found and the verdict; whether all held."""
+        violations = [violation for url in urls for violation in audit_url(url)]
+        self._echo(f"{heading}{'clean' if not violations else 'VIOLATIONS'}: SPEC §8 "
+                   f"invariants {scope}")
+        for violation in violations:
+            self._echo(f"{' ' * len(heading)}{violation}")
+        self(not violations, "a clean audit")
+        self._echo("\n" + ("every step held" if self.held else "SOMETHING DID NOT HOLD"))
+        return self.held
+
+
+def _story(echo: Callable[[str], None], url: str, receiver_url: str) -> bool:
+    check = Checks(echo)
     clock = ManualClock(_START)
     store = Store.open(url, clock=clock, settings=_SETTINGS)
     receiver = Receiver.open(receiver_url)
@@ -146,12 +163,5 @@ def _story(echo: Callable[[str], None], url: str, receiver_url: str) -> bool:
     store.close()
     receiver.close()
 
-    violations = audit_url(url) + audit_url(receiver_url)
-    echo(f"10. audit       {'clean' if not violations else 'VIOLATIONS'}: SPEC §8 invariants "
-         f"on both databases")
-    for violation in violations:
-        echo(f"                {violation}")
-    check(not violations, "a clean audit")
-    echo("\n" + ("every step held" if ok else "SOMETHING DID NOT HOLD"))
-    return ok
+    return check.closing_audit("10. audit       ", [url, receiver_url], "on both databases")
 

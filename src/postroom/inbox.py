@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from postroom import transitions
-from postroom.errors import PayloadCollision, Unauthorized
-from postroom.models import Ack, AuthContext, Envelope, Position, TaskState
+from postroom.errors import InvalidInput, PayloadCollision, Unauthorized
+from postroom.models import Ack, AuthContext, Envelope, FollowUp, Position, TaskState
 from postroom.settings import Settings
 from postroom.store.database import Operation, Tx
 from postroom.transitions import ReplyContent, TaskDecision
 from postroom.validation import CheckedEnvelope, check_envelope, check_int, check_text
 
-__all__ = ["RECEIVE", "RECEIVE_ATOMIC", "check", "check_position", "insert_replies",
-           "insert_reply", "store_all", "store_message", "watermark"]
+__all__ = ["RECEIVE", "RECEIVE_ATOMIC", "Parent", "authorize", "check", "check_follow_up",
+           "check_position", "insert_replies", "insert_reply", "principal_of", "store_all",
+           "store_message", "watermark"]
 
 RECEIVE = Operation("receive")
 RECEIVE_ATOMIC = Operation("receive_atomic")
@@ -21,14 +23,29 @@ RECEIVE_ATOMIC = Operation("receive_atomic")
 _MAX_SEQ = 2**63 - 1
 
 
-def check(settings: Settings, auth: AuthContext, envelope: Envelope) -> CheckedEnvelope:
-    """Authorize the principal and validate the envelope; nothing is written either way."""
+def principal_of(settings: Settings, auth: AuthContext) -> str:
+    """The authenticated principal, as text; ``Unauthorized`` if it cannot be an identity."""
     if not isinstance(auth, AuthContext):
         raise Unauthorized("an AuthContext from a trusted adapter is required")
-    principal = auth.principal
+    try:
+        return check_text(auth.principal, "principal", max_bytes=settings.limits.text_bytes)
+    except InvalidInput as exc:
+        # No sender can equal such a principal, and it cannot key an identity either.
+        raise Unauthorized(f"the principal is not a usable identity: {exc.problem}") from None
+
+
+def authorize(settings: Settings, auth: AuthContext) -> str:
+    """The authenticated principal, if it is an allowed source; ``Unauthorized`` otherwise."""
+    principal = principal_of(settings, auth)
     allowed = settings.allowed_sources
     if allowed is not None and principal not in allowed:
         raise Unauthorized(f"principal {principal!r} is not an allowed source")
+    return principal
+
+
+def check(settings: Settings, auth: AuthContext, envelope: Envelope) -> CheckedEnvelope:
+    """Authorize the principal and validate the envelope; nothing is written either way."""
+    principal = authorize(settings, auth)
     if not isinstance(envelope, Envelope):
         raise Unauthorized("expected an Envelope")
     checked = check_envelope(principal, envelope.to_dict(), limits=settings.limits)
@@ -36,6 +53,38 @@ def check(settings: Settings, auth: AuthContext, envelope: Envelope) -> CheckedE
         raise Unauthorized(f"sender {checked.sender!r} does not match the authenticated "
                            f"principal {principal!r}")
     return checked
+
+
+@dataclass(frozen=True, slots=True)
+class Parent:
+    """What a follow-up inherits from the task it follows."""
+
+    task_id: str
+    principal: str
+    deadline: float
+    hops: int
+    queue: str
+
+
+def check_follow_up(settings: Settings, follow_up: FollowUp, parent: Parent, *,
+                    namespace: str) -> CheckedEnvelope:
+    """The envelope of a follow-up of ``parent``, identified by ``message_id`` in ``namespace``.
+
+    Hops and the parent link are computed here, never taken from the caller; queue and
+    deadline default to the parent's.
+    """
+    fields = {
+        "message_id": follow_up.message_id,
+        "sender": parent.principal,
+        "payload": follow_up.payload,
+        "deadline": parent.deadline if follow_up.deadline is None else follow_up.deadline,
+        "max_attempts": follow_up.max_attempts,
+        "hops": parent.hops + 1,
+        "queue": parent.queue if follow_up.queue is None else follow_up.queue,
+        "correlation_id": follow_up.correlation_id,
+        "parent_task_id": parent.task_id,
+    }
+    return check_envelope(namespace, fields, limits=settings.limits)
 
 
 def check_position(settings: Settings, position: Position | None) -> Position | None:

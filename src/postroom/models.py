@@ -12,9 +12,13 @@ __all__ = [
     "Ack",
     "AuthContext",
     "Claim",
+    "Continuation",
+    "ContinuationKind",
     "DispatchReport",
     "Envelope",
+    "ExpireResult",
     "FollowUp",
+    "OpenResult",
     "Outcome",
     "OutcomeKind",
     "Outgoing",
@@ -25,8 +29,15 @@ __all__ = [
     "ReplyClaim",
     "ReplyState",
     "Requeue",
+    "ResumeResult",
+    "Resumption",
+    "SignalReceipt",
+    "SignalResult",
     "Task",
     "TaskState",
+    "Wait",
+    "WaitOpening",
+    "WaitState",
 ]
 
 
@@ -121,10 +132,11 @@ class Ack:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FollowUp:
-    """A task a worker asks for, created atomically with its parent's ``finish``.
+    """A task created atomically with its parent's ``finish``, or with a wait's ``resume``.
 
-    Its identity is derived from the parent and ``message_id``; hops and parent are computed
-    by postroom. ``queue`` and ``deadline`` default to the parent's.
+    Its identity is derived from where it comes from (the parent task, or the wait generation)
+    and ``message_id``; hops and parent are computed by postroom. ``queue`` and ``deadline``
+    default to the parent's.
     """
 
     message_id: str
@@ -365,3 +377,175 @@ class DispatchReport:
     retrying: int = 0
     dead: int = 0
     fenced: list[str] = field(default_factory=list)
+
+
+# -- waits, signals, timeouts, continuations (SPEC §5) ----------------------------------------
+
+
+class WaitState(StrEnum):
+    """Where one generation of a wait is. ``signaled`` and ``timed_out`` are final."""
+
+    WAITING = "waiting"  # open: a signal before the deadline can still be accepted
+    SIGNALED = "signaled"  # a signal was accepted before the deadline
+    TIMED_OUT = "timed_out"  # the deadline passed first (decided by expire, a sweep or a signal)
+
+
+class ContinuationKind(StrEnum):
+    """Why a wait may continue: which outcome its continuation carries."""
+
+    SIGNAL = "signal"  # the accepted signal's value
+    TIMEOUT = "timeout"  # nobody answered in time
+
+
+class OpenResult(StrEnum):
+    """What ``open_wait`` decided."""
+
+    OPENED = "opened"  # a new generation (expected + 1) is waiting
+    STALE = "stale"  # the slot is not at the expected generation: someone else opened it
+    BUSY = "busy"  # the current generation is still waiting
+    PENDING_CONTINUATION = "pending_continuation"  # it ended; its continuation is unconsumed
+
+
+class SignalResult(StrEnum):
+    """What ``signal`` decided. Every result but ``replay`` and ``conflict`` is a receipt."""
+
+    ACCEPTED = "accepted"  # the wait was waiting and now < deadline: it is signaled
+    TOO_LATE = "too_late"  # the wait was waiting but its deadline passed: now it is timed out
+    STALE_GENERATION = "stale_generation"  # an older generation than the slot's current one
+    CLOSED = "closed"  # this generation had already ended
+    UNKNOWN_WAIT = "unknown_wait"  # no such wait (yet): e.g. the signal arrived early
+    REPLAY = "replay"  # this event was seen with the same body: its receipt, unchanged
+    CONFLICT = "conflict"  # this event was seen with a different body: nothing written
+
+
+class ExpireResult(StrEnum):
+    """What ``expire`` decided about one wait generation."""
+
+    TIMED_OUT = "timed_out"  # it was waiting past its deadline: timed out by this call
+    CLOSED = "closed"  # it had already ended (signaled or timed out)
+    NOT_DUE = "not_due"  # still waiting and its deadline has not come
+    UNKNOWN_WAIT = "unknown_wait"  # no such wait
+
+
+class ResumeResult(StrEnum):
+    """What ``resume`` did with a continuation."""
+
+    RESUMED = "resumed"  # consumed now, its local effect applied in the same transaction
+    REPLAY = "replay"  # already consumed earlier: nothing done again
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WaitOpening:
+    """The answer to ``open_wait``.
+
+    ``generation`` is the slot's current generation after the call: the new one when
+    ``opened``, otherwise the one that stopped this call. ``replay`` is true when a retried
+    ``request_id`` returned the answer its first, committed call got.
+    """
+
+    result: OpenResult
+    flow: str
+    step: str
+    generation: int
+    replay: bool = False
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SignalReceipt:
+    """The answer to ``signal``.
+
+    ``result`` is what this call did; ``recorded`` is the outcome stored for the event (equal
+    to ``result`` for a new receipt; the original outcome for a ``replay``; the stored
+    outcome of the other body for a ``conflict``).
+    """
+
+    result: SignalResult
+    recorded: SignalResult
+    principal: str
+    event_id: str
+    flow: str
+    step: str
+    generation: int
+    received_at: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Resumption:
+    """The answer to ``resume``: the continuation consumed and its local effect.
+
+    ``task_id`` is the follow-up task its effect enqueued (``None`` if the effect was to
+    enqueue nothing). A ``replay`` reports the effect applied the first time.
+    """
+
+    result: ResumeResult
+    flow: str
+    step: str
+    generation: int
+    kind: ContinuationKind
+    task_id: str | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Wait:
+    """One generation of a wait, as stored."""
+
+    flow: str
+    step: str
+    generation: int
+    state: WaitState
+    deadline: float
+    task_id: str | None  # the parent of the follow-up its resume enqueues
+    request_id: str | None
+    opened_at: float
+    ended_at: float | None
+    event_principal: str | None  # who sent the accepted signal (when signaled)
+    event_id: str | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Wait:
+        """Build from a ``waits`` row."""
+        return cls(
+            flow=row["flow"],
+            step=row["step"],
+            generation=int(row["generation"]),
+            state=WaitState(row["state"]),
+            deadline=float(row["deadline"]),
+            task_id=row["task_id"],
+            request_id=row["request_id"],
+            opened_at=float(row["opened_at"]),
+            ended_at=None if row["ended_at"] is None else float(row["ended_at"]),
+            event_principal=row["event_principal"],
+            event_id=row["event_id"],
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Continuation:
+    """A durable "may continue" record, written with its wait's terminal state.
+
+    ``value`` is the accepted signal's value (``None`` for a timeout). Pass ``flow``,
+    ``step`` and ``generation`` to ``resume`` to consume it.
+    """
+
+    flow: str
+    step: str
+    generation: int
+    kind: ContinuationKind
+    value: Any
+    task_id: str | None  # the wait's parent task, if it has one
+    created_at: float
+    consumed_at: float | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Continuation:
+        """Build from a ``wait_continuations`` row joined with its wait's ``task_id``."""
+        return cls(
+            flow=row["flow"],
+            step=row["step"],
+            generation=int(row["generation"]),
+            kind=ContinuationKind(row["kind"]),
+            value=None if row["value"] is None else json.loads(row["value"]),
+            task_id=row["task_id"],
+            created_at=float(row["created_at"]),
+            consumed_at=None if row["consumed_at"] is None else float(row["consumed_at"]),
+        )

@@ -41,7 +41,11 @@ class Receiver:
              clock: Clock | None = None) -> Receiver:
         """Open (creating if needed) a receiver database at ``url``."""
         database = Database(dialect_for_url(url), clock=clock, track_time=False)
-        database.migrate("receiver")
+        try:
+            database.migrate("receiver")
+        except BaseException:
+            database.close()
+            raise
         return cls(database, effect=effect)
 
     def accept(self, reply_id: str, body: str) -> ReceiverAck:

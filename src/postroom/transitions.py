@@ -1,31 +1,51 @@
-"""The state machines of tasks and replies, as pure decisions.
+"""The state machines of tasks, replies and waits, as pure decisions.
 
 Each function takes what is known about a record and an event, and returns a frozen decision
 value; no I/O, no clock. The store applies a decision with one guarded statement
-(``task_apply`` / ``reply_apply``) that only matches the state and fence it was decided on.
+(``task_apply`` / ``reply_apply`` / ``wait_end``) that only matches the state (and fence) it
+was decided on.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from postroom.models import OutcomeKind, ReplyState, TaskState
+from postroom.models import (
+    ContinuationKind,
+    ExpireResult,
+    OpenResult,
+    OutcomeKind,
+    ReplyState,
+    SignalResult,
+    TaskState,
+    WaitState,
+)
 from postroom.validation import canonical_json, fingerprint
 
 __all__ = [
+    "SIGNALED",
+    "TIMED_OUT",
+    "ExpireDecision",
     "ReplyContent",
     "ReplyDecision",
+    "SignalDecision",
     "TaskDecision",
+    "WaitEnd",
     "cancel",
     "deadline_passed",
     "delivery",
+    "expire_wait",
     "fail",
     "finish",
     "initial_state",
     "lease_expired",
+    "open_wait",
+    "receipt_body",
+    "repeat_signal",
     "reply_content",
     "reply_id_for",
     "reply_lease_expired",
+    "signal_wait",
 ]
 
 
@@ -167,3 +187,108 @@ def reply_lease_expired(*, attempt: int, budget: int, now: float) -> ReplyDecisi
     return ReplyDecision(to_state=ReplyState.PENDING, available_at=now,
                          last_error=f"outcome unknown: the publisher's lease expired on "
                                     f"attempt {attempt}")
+
+
+# -- waits (SPEC §5) ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WaitEnd:
+    """End a waiting generation: its terminal state and the continuation written with it."""
+
+    to_state: WaitState
+    continuation: ContinuationKind
+
+
+SIGNALED = WaitEnd(WaitState.SIGNALED, ContinuationKind.SIGNAL)
+TIMED_OUT = WaitEnd(WaitState.TIMED_OUT, ContinuationKind.TIMEOUT)
+
+
+@dataclass(frozen=True, slots=True)
+class SignalDecision:
+    """The receipt a new signal gets, and how it ends the wait (if it does)."""
+
+    result: SignalResult
+    end: WaitEnd | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ExpireDecision:
+    """What an expiry check reports, and whether it times the wait out."""
+
+    result: ExpireResult
+    end: WaitEnd | None = None
+
+
+def open_wait(*, current: int, expected: int, state: WaitState | None,
+              consumed: bool) -> OpenResult:
+    """May the slot open generation ``expected + 1``?
+
+    ``current`` is the slot's generation (0 before the first wait); ``state`` and
+    ``consumed`` describe that generation and its continuation. The previous generation must
+    have ended *and* had its continuation consumed, so an ending and the work it leads to are
+    never confused with a new question.
+    """
+    if current != expected:
+        return OpenResult.STALE
+    if current == 0:
+        return OpenResult.OPENED
+    if state is WaitState.WAITING:
+        return OpenResult.BUSY
+    if not consumed:
+        return OpenResult.PENDING_CONTINUATION
+    return OpenResult.OPENED
+
+
+def signal_wait(*, current: int, generation: int, state: WaitState | None,
+                deadline: float | None, now: float) -> SignalDecision:
+    """The outcome of a new (never seen) signal to ``generation`` at time ``now``.
+
+    The deadline is strict: a signal is accepted only while ``now < deadline``. A waiting wait
+    whose deadline passed is timed out by the signal itself, so a late sweeper can never
+    extend a deadline.
+    """
+    if generation > current:
+        return SignalDecision(SignalResult.UNKNOWN_WAIT)
+    if generation < current:
+        return SignalDecision(SignalResult.STALE_GENERATION)
+    if state is None:  # the slot's current generation has no row: only a damaged database
+        return SignalDecision(SignalResult.UNKNOWN_WAIT)
+    if state is not WaitState.WAITING:
+        return SignalDecision(SignalResult.CLOSED)
+    assert deadline is not None
+    if now >= deadline:
+        return SignalDecision(SignalResult.TOO_LATE, TIMED_OUT)
+    return SignalDecision(SignalResult.ACCEPTED, SIGNALED)
+
+
+def expire_wait(*, state: WaitState | None, deadline: float | None,
+                now: float) -> ExpireDecision:
+    """Time a wait out if it is still waiting and its deadline has come (``now >= deadline``)."""
+    if state is None:
+        return ExpireDecision(ExpireResult.UNKNOWN_WAIT)
+    if state is not WaitState.WAITING:
+        return ExpireDecision(ExpireResult.CLOSED)
+    assert deadline is not None
+    if now < deadline:
+        return ExpireDecision(ExpireResult.NOT_DUE)
+    return ExpireDecision(ExpireResult.TIMED_OUT, TIMED_OUT)
+
+
+def receipt_body(flow: str, step: str, generation: int, value_json: str) -> str:
+    """The canonical JSON ``{"flow", "generation", "step", "value"}`` an event id is bound to.
+
+    ``value_json`` is already canonical, so the body is assembled in key order; a unit test
+    pins that this equals ``canonical_json``.
+    """
+    return ('{"flow":' + canonical_json(flow) + ',"generation":' + str(int(generation))
+            + ',"step":' + canonical_json(step) + ',"value":' + value_json + "}")
+
+
+def repeat_signal(stored_body: str, body: str) -> SignalResult:
+    """An event id seen before: the same body is a replay, any other body a conflict.
+
+    Neither the current state of the wait nor the time matters: a replay returns the
+    original receipt even after the wait ended or its deadline passed.
+    """
+    return SignalResult.REPLAY if stored_body == body else SignalResult.CONFLICT

@@ -95,13 +95,15 @@ def follow_up_principal(parent_task_id: str) -> str:
 
 def check_text(value: object, field: str, *, max_bytes: int,
                error: type[InvalidInput] = InvalidInput) -> str:
-    """A non-empty ``str`` of at most ``max_bytes`` UTF-8 bytes."""
+    """A non-empty ``str`` of at most ``max_bytes`` UTF-8 bytes, without U+0000."""
     if type(value) is not str:
         raise error(field, f"must be a string, got {type(value).__name__}")
-    try:
-        size = len(value.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise error(field, "is not valid UTF-8 text (lone surrogate)") from None
+    if not _is_utf8(value):
+        raise error(field, "is not valid UTF-8 text (lone surrogate)")
+    if "\x00" in value:
+        # PostgreSQL cannot store NUL in text; refusing it here keeps the backends alike.
+        raise error(field, "contains U+0000 (NUL), which cannot be stored as text")
+    size = len(value.encode("utf-8"))
     if size == 0:
         raise error(field, "must not be empty")
     if size > max_bytes:
@@ -156,7 +158,11 @@ def check_json(value: object, field: str, *, limits: Limits, require_object: boo
         if nodes > limits.payload_nodes:
             raise error(field, f"has more than {limits.payload_nodes} values")
         kind = type(item)
-        if kind is str or item is None or kind is bool:
+        if kind is str:
+            if not _is_utf8(item):  # type: ignore[arg-type]
+                raise error(path, "is not valid UTF-8 text (lone surrogate)")
+            continue
+        if item is None or kind is bool:
             continue
         if kind is int:
             if not -_INT64 <= item < _INT64:  # type: ignore[operator]
@@ -177,6 +183,9 @@ def check_json(value: object, field: str, *, limits: Limits, require_object: boo
                     if type(key) is not str:
                         raise error(path, f"has a key of type {type(key).__name__}; "
                                           "keys must be str")
+                    if not _is_utf8(key):
+                        raise error(path, "has a key that is not valid UTF-8 text "
+                                          "(lone surrogate)")
                     stack.append((child, f"{path}.{key}", depth + 1, inner))
             else:
                 for index, child in enumerate(item):  # type: ignore[arg-type]
@@ -184,40 +193,22 @@ def check_json(value: object, field: str, *, limits: Limits, require_object: boo
             continue
         raise error(path, f"{kind.__name__} is not a JSON value")
     text = canonical_json(value)
-    try:
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise error(_find_surrogate(value, field),
-                    "is not valid UTF-8 text (lone surrogate)") from None
+    size = len(text.encode("utf-8"))
     if size > limits.payload_bytes:
         raise error(field, f"is {size} bytes as canonical JSON; "
                            f"the limit is {limits.payload_bytes}")
     return text
 
 
-def _find_surrogate(value: object, path: str) -> str:
-    def bad(text: str) -> bool:
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            return True
+def _is_utf8(text: str) -> bool:
+    """Whether ``text`` encodes to UTF-8 (it does unless it holds a lone surrogate)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
         return False
-
-    if isinstance(value, str):
-        return path if bad(value) else ""
-    if isinstance(value, dict):
-        for key, child in value.items():
-            if bad(key):
-                return f"{path} (a key)"
-            found = _find_surrogate(child, f"{path}.{key}")
-            if found:
-                return found
-    if isinstance(value, list | tuple):
-        for index, child in enumerate(value):
-            found = _find_surrogate(child, f"{path}[{index}]")
-            if found:
-                return found
-    return path
+    return True
 
 
 # -- envelopes --------------------------------------------------------------------------------
@@ -254,7 +245,7 @@ def check_envelope(principal: str, envelope: Mapping[str, object], *,
                             max_bytes=limits.text_bytes, error=e)
     sender = check_text(envelope.get("sender"), "sender", max_bytes=limits.text_bytes, error=e)
     kind = envelope.get("kind", "task")
-    if kind != "task" or type(kind) is not str:
+    if type(kind) is not str or kind != "task":  # the type first: == may run foreign code
         raise e("kind", f"only 'task' enters the work queue, got {kind!r}")
     payload = check_json(envelope.get("payload"), "payload", limits=limits,
                          require_object=True, error=e)

@@ -236,3 +236,25 @@ def test_pruning_keeps_live_tasks_and_unsent_replies(db_url, clock):
 
 def test_info_publishes_the_retention_period(store):
     assert store.info()["retention_seconds"] == store.settings.retention
+
+
+@pytest.mark.parametrize("field", ["message_id", "queue", "correlation_id"])
+def test_a_text_field_with_nul_is_refused_on_every_backend(store, auth, field):
+    with pytest.raises(postroom.InvalidEnvelope, match=field):
+        store.receive(auth, envelope(**{"message_id": "m-1", field: "a\x00b"}))
+    assert count_tasks(store) == 0
+
+
+@pytest.mark.parametrize("allowed", [None, frozenset({"planner"})], ids=["any", "allowed"])
+@pytest.mark.parametrize("principal", ["", "planner\ud800", "planner\x00", "p" * 129, 42, None,
+                                       ["planner"]])
+def test_a_principal_that_cannot_be_an_identity_is_unauthorized(db_url, clock, principal,
+                                                                allowed):
+    settings = postroom.Settings(allowed_sources=allowed)
+    auth = postroom.AuthContext(principal=principal)
+    with postroom.open_store(db_url, clock=clock, settings=settings) as store:
+        with pytest.raises(postroom.Unauthorized, match="principal"):
+            store.receive(auth, envelope())
+        with pytest.raises(postroom.Unauthorized, match="principal"):
+            store.watermark(auth, "feed")
+        assert count_tasks(store) == 0

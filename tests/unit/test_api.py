@@ -3,14 +3,16 @@
 import postroom
 
 PUBLIC = [
-    "Ack", "AuthContext", "BatchFailed", "Claim", "Clock", "Conflict", "DeliveryError",
-    "DispatchReport", "Envelope", "ExponentialBackoff", "Fenced", "FixedBackoff", "FollowUp",
+    "__version__", "Ack", "AuthContext", "BatchFailed", "Claim", "Clock", "Conflict",
+    "Continuation", "ContinuationKind", "DeliveryError", "DispatchReport", "Envelope",
+    "ExpireResult", "ExponentialBackoff", "Fenced", "FixedBackoff", "FollowUp",
     "InProcessTransport", "InvalidEnvelope", "InvalidInput", "Limits", "ManualClock",
-    "NotFound", "Outcome", "OutcomeKind", "Outgoing", "PayloadCollision",
-    "PermanentDeliveryError", "Position", "PostroomError", "Receiver", "ReceiverAck",
-    "Reconciled", "Reply", "ReplyClaim", "ReplyState", "Requeue", "SchemaError", "Settings",
-    "Store", "StoreError", "StoreUnavailable", "SystemClock", "Task", "TaskState",
-    "TransientDeliveryError", "Transport", "Unauthorized", "__version__", "open_store",
+    "NotFound", "open_store", "OpenResult", "Outcome", "OutcomeKind", "Outgoing",
+    "PayloadCollision", "PermanentDeliveryError", "Position", "PostroomError", "Receiver",
+    "ReceiverAck", "Reconciled", "Reply", "ReplyClaim", "ReplyState", "Requeue", "ResumeResult",
+    "Resumption", "SchemaError", "Settings", "SignalReceipt", "SignalResult", "Store",
+    "StoreError", "StoreUnavailable", "SystemClock", "Task", "TaskState",
+    "TransientDeliveryError", "Transport", "Unauthorized", "Wait", "WaitOpening", "WaitState",
 ]
 
 

@@ -4,7 +4,7 @@ import pytest
 
 import postroom
 from postroom import faults
-from postroom.store.database import Operation
+from postroom.store.database import Database, Operation
 
 
 def test_every_commit_has_a_before_and_an_after_point():
@@ -52,3 +52,13 @@ def test_an_error_after_commit_leaves_the_commit_in_place(store, auth):
         store.receive(auth, postroom.Envelope(message_id="m", sender="planner", payload={},
                                               deadline=2e6))
     assert store.info()["tasks"] == {"pending": 1}
+
+
+def test_a_receiver_that_fails_to_open_releases_its_database(tmp_path, monkeypatch):
+    closed = []
+    # A lambda, so the patched method receives the instance (a bound builtin would not).
+    monkeypatch.setattr(Database, "close", lambda self: closed.append(self))  # noqa: PLW0108
+    with faults.armed("migrate.before_commit", faults.raising(RuntimeError)), \
+            pytest.raises(RuntimeError):
+        postroom.Receiver.open(f"sqlite:///{tmp_path / 'receiver.db'}")
+    assert len(closed) == 1

@@ -1,7 +1,7 @@
 """``Store``: the public face of one postroom database.
 
 Each method validates its arguments, opens one named transaction, and hands the work to the
-module that owns the rule (``inbox``, ``tasks``, ``outbox``). Methods are synchronous and
+module that owns the rule (``inbox``, ``tasks``, ``outbox``, ``waits``). Methods are synchronous and
 short: nothing slow (a handler, a network call) ever runs inside a transaction.
 """
 
@@ -12,7 +12,7 @@ import random
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from postroom import inbox, outbox, tasks
+from postroom import inbox, outbox, tasks, waits
 from postroom.clock import Clock
 from postroom.errors import (
     BatchFailed,
@@ -27,8 +27,10 @@ from postroom.models import (
     Ack,
     AuthContext,
     Claim,
+    Continuation,
     DispatchReport,
     Envelope,
+    ExpireResult,
     FollowUp,
     Outcome,
     OutcomeKind,
@@ -38,8 +40,12 @@ from postroom.models import (
     ReplyClaim,
     ReplyState,
     Requeue,
+    Resumption,
+    SignalReceipt,
     Task,
     TaskState,
+    Wait,
+    WaitOpening,
 )
 from postroom.settings import Settings
 from postroom.store.database import Database, Operation, Tx
@@ -47,7 +53,6 @@ from postroom.transitions import reply_id_for
 from postroom.transports import Transport
 from postroom.validation import (
     CheckedEnvelope,
-    check_envelope,
     check_json,
     check_text,
     follow_up_principal,
@@ -140,9 +145,10 @@ class Store:
 
     def watermark(self, auth: AuthContext, stream: str) -> int:
         """The highest ``seq`` of ``stream`` such that every lower one is stored (0: none)."""
+        principal = inbox.principal_of(self._settings, auth)
         check_text(stream, "stream", max_bytes=self._settings.limits.text_bytes)
         with self._db.read() as tx:
-            return inbox.watermark(tx, auth.principal, stream)
+            return inbox.watermark(tx, principal, stream)
 
     # -- tasks ----------------------------------------------------------------------------------
 
@@ -319,6 +325,87 @@ class Store:
         self._db.run(outbox.REQUEUE, lambda tx: outbox.requeue(
             tx, reply_id, operator=operator, reason=reason))
 
+    # -- waits, signals, timeouts, continuations -------------------------------------------
+
+    def open_wait(self, flow: str, step: str, expected_generation: int, deadline: float, *,
+                  request_id: str | None = None, task_id: str | None = None) -> WaitOpening:
+        """Open generation ``expected_generation + 1`` of the wait ``(flow, step)``.
+
+        A compare-and-set on the slot's current generation (0 before the first wait):
+        ``opened``, or ``stale`` (someone else moved the slot), ``busy`` (the current
+        generation is still waiting), ``pending_continuation`` (it ended but its continuation
+        is not consumed yet). With ``request_id``, a retry of a registration that committed
+        replays its ``opened`` answer (``replay=True``) instead of ``stale``; the same id with
+        other arguments is a ``PayloadCollision``. ``task_id`` names the parent of the
+        follow-up task that ``resume`` enqueues; it must exist.
+        """
+        request = waits.check_open(self._settings, flow=flow, step=step,
+                                   expected_generation=expected_generation, deadline=deadline,
+                                   request_id=request_id, task_id=task_id)
+        return self._db.run(waits.OPEN_WAIT, lambda tx: waits.open_wait(tx, request))
+
+    def signal(  # noqa: PLR0917 - SPEC §5's signature: the event, then the wait's address
+            self, auth: AuthContext, event_id: str, flow: str, step: str, generation: int,
+            value: Any) -> SignalReceipt:
+        """Deliver an answer to one wait generation; the receipt is durable before it returns.
+
+        ``accepted`` (the wait was waiting and ``now < deadline``: it is signaled and a
+        ``signal`` continuation carries ``value``), ``too_late`` (its deadline had passed: the
+        signal times it out), ``stale_generation``, ``closed`` or ``unknown_wait``. The same
+        ``event_id`` from the same principal again is a ``replay`` of the original receipt
+        whatever the state or time now, or a ``conflict`` if its body differs; neither writes.
+        """
+        request = waits.check_signal(self._settings, auth, event_id=event_id, flow=flow,
+                                     step=step, generation=generation, value=value)
+        return self._db.run(waits.SIGNAL, lambda tx: waits.signal(tx, request))
+
+    def expire(self, flow: str, step: str, generation: int) -> ExpireResult:
+        """Time out one wait generation if it is still waiting and its deadline has come."""
+        address = waits.check_address(self._settings, flow, step, generation)
+        return self._db.run(waits.EXPIRE, lambda tx: waits.expire(tx, address))
+
+    def expire_due(self) -> int:
+        """Time out every due wait, ``sweep_limit`` per transaction; returns how many."""
+        total = 0
+        while True:
+            timed_out, seen = self._db.run(waits.EXPIRE_DUE, lambda tx: waits.expire_due(
+                tx, self._settings))
+            total += timed_out
+            if seen < self._settings.sweep_limit:
+                return total
+
+    def resume(self, flow: str, step: str, generation: int,
+               effect: FollowUp | None) -> Resumption:
+        """Consume a generation's continuation and apply its local effect in one transaction.
+
+        The standard effect is a ``FollowUp``: a task with the wait's ``task_id`` as parent
+        and the parent's hops + 1; its queue and deadline default to the parent's (give
+        ``deadline=`` when the answer may come after the parent's own deadline). ``None``
+        consumes the continuation with no follow-up. ``resumed`` the
+        first time; ``replay`` afterwards (with the first effect's task), never a second
+        effect. ``NotFound`` if the generation has no continuation (yet).
+        """
+        address = waits.check_address(self._settings, flow, step, generation)
+        checked = waits.check_effect(self._settings, effect)
+        return self._db.run(waits.RESUME, lambda tx: waits.resume(
+            tx, self._settings, address, checked))
+
+    def continuations(self, *, limit: int = 100) -> list[Continuation]:
+        """Unconsumed continuations, oldest first: after a restart, what is left to resume."""
+        _check_limit(limit)
+        with self._db.read() as tx:
+            return waits.continuations(tx, limit)
+
+    def wait(self, flow: str, step: str, generation: int | None = None) -> Wait:
+        """One wait generation as stored (the current one by default); ``NotFound`` if none."""
+        limit = self._settings.limits.text_bytes
+        check_text(flow, "flow", max_bytes=limit)
+        check_text(step, "step", max_bytes=limit)
+        if generation is not None:
+            waits.check_address(self._settings, flow, step, generation)
+        with self._db.read() as tx:
+            return waits.get_wait(tx, flow, step, generation)
+
     # -- housekeeping ---------------------------------------------------------------------------
 
     def prune(self) -> int:
@@ -350,6 +437,8 @@ class Store:
         with self._db.read() as tx:
             task_counts = {row["state"]: int(row["n"]) for row in tx.all("task_counts")}
             reply_counts = {row["state"]: int(row["n"]) for row in tx.all("reply_counts")}
+            wait_counts = {row["state"]: int(row["n"]) for row in tx.all("wait_counts")}
+            unconsumed = tx.one("continuations_unconsumed_count")
             clock = tx.one("clock_read")
         settings = self._settings
         return {
@@ -363,6 +452,8 @@ class Store:
             "time_high_water": float(clock["high_water"]) if clock is not None else None,
             "tasks": task_counts,
             "replies": reply_counts,
+            "waits": wait_counts,
+            "continuations_unconsumed": int(unconsumed["n"]) if unconsumed is not None else 0,
         }
 
     @property
@@ -403,7 +494,9 @@ class Store:
     def _follow_ups(self, claim: Claim, follow_ups: Sequence[FollowUp]) -> list[CheckedEnvelope]:
         seen: set[str] = set()
         checked = []
-        principal = follow_up_principal(claim.task_id)
+        parent = inbox.Parent(task_id=claim.task_id, principal=claim.principal,
+                              deadline=claim.deadline, hops=claim.hops, queue=claim.queue)
+        namespace = follow_up_principal(claim.task_id)
         for index, follow_up in enumerate(follow_ups):
             if not isinstance(follow_up, FollowUp):
                 raise InvalidInput(f"follow_ups[{index}]", "must be a FollowUp")
@@ -411,19 +504,8 @@ class Store:
                 raise InvalidInput(f"follow_ups[{index}].message_id",
                                    f"{follow_up.message_id!r} appears twice")
             seen.add(follow_up.message_id)
-            fields = {
-                "message_id": follow_up.message_id,
-                "sender": claim.principal,
-                "payload": follow_up.payload,
-                "deadline": claim.deadline if follow_up.deadline is None else follow_up.deadline,
-                "max_attempts": follow_up.max_attempts,
-                "hops": claim.hops + 1,
-                "queue": claim.queue if follow_up.queue is None else follow_up.queue,
-                "correlation_id": follow_up.correlation_id,
-                "parent_task_id": claim.task_id,
-            }
-            checked.append(_indexed(index, check_envelope, principal, fields,
-                                    limits=self._settings.limits, prefix="follow_ups"))
+            checked.append(_indexed(index, inbox.check_follow_up, self._settings, follow_up,
+                                    parent, namespace=namespace, prefix="follow_ups"))
         return checked
 
 

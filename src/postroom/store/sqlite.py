@@ -34,7 +34,10 @@ class SQLiteDialect(Dialect):
 
     name: ClassVar[str] = "sqlite"
     fragments: ClassVar[Mapping[str, str]] = {
+        # Row locks are not needed: BEGIN IMMEDIATE already serializes every write
+        # transaction.
         "skip_locked": "",
+        "for_update": "",
         # The claims are UPDATE ... RETURNING on tables with constraints. Under the default
         # ABORT, SQLite keeps a statement journal to undo a half-done statement, and its
         # buffer is allocated and freed around every claim; glibc hands it back to the

@@ -111,6 +111,195 @@ FROM inbox
 LEFT JOIN replies ON replies.task_id = inbox.task_id
 LEFT JOIN tasks ON tasks.task_id = inbox.task_id
 
+-- Waits, receipts, continuations and effects (SPEC §5, §8). Foreign keys already keep
+-- every wait in a slot, every continuation with its wait and every effect with its
+-- continuation; these checks cover what keys cannot express.
+
+-- name: audit_store_slot_generation_mismatch
+-- A slot's generation equals its newest wait's, and every generation up to it has its row.
+SELECT wait_slots.flow || '/' || wait_slots.step AS identity,
+       'slot at ' || wait_slots.generation || ', ' || count(waits.generation)
+       || ' generations, newest ' || coalesce(max(waits.generation), 0) AS detail
+FROM wait_slots
+LEFT JOIN waits ON waits.flow = wait_slots.flow AND waits.step = wait_slots.step
+GROUP BY wait_slots.flow, wait_slots.step, wait_slots.generation
+HAVING coalesce(max(waits.generation), 0) <> wait_slots.generation
+    OR count(waits.generation) <> wait_slots.generation
+
+-- name: audit_store_waiting_not_current
+-- At most one wait per slot is waiting, and only the slot's current generation.
+SELECT waits.flow || '/' || waits.step || '#' || waits.generation AS identity,
+       'waiting, but the slot is at ' || wait_slots.generation AS detail
+FROM waits
+JOIN wait_slots ON wait_slots.flow = waits.flow AND wait_slots.step = waits.step
+WHERE waits.state = 'waiting' AND waits.generation <> wait_slots.generation
+
+-- name: audit_store_wait_end_fields
+-- A waiting wait has no end time and no adopted event; a signaled one has both; a timed-out
+-- one has an end time and no adopted event.
+SELECT flow || '/' || step || '#' || generation AS identity,
+       state || ' with ended_at ' || coalesce(CAST(ended_at AS TEXT), 'NULL') || ', event '
+       || coalesce(event_principal, 'NULL') || '/' || coalesce(event_id, 'NULL') AS detail
+FROM waits
+WHERE (state = 'waiting' AND (ended_at IS NOT NULL OR event_id IS NOT NULL
+                              OR event_principal IS NOT NULL))
+   OR (state = 'signaled' AND (ended_at IS NULL OR event_id IS NULL
+                               OR event_principal IS NULL))
+   OR (state = 'timed_out' AND (ended_at IS NULL OR event_id IS NOT NULL
+                                OR event_principal IS NOT NULL))
+
+-- name: audit_store_signaled_without_its_receipt
+-- A signaled wait's adopted event has an accepted receipt for exactly this generation.
+SELECT waits.flow || '/' || waits.step || '#' || waits.generation AS identity,
+       'adopted ' || waits.event_principal || '/' || waits.event_id || ', receipt '
+       || coalesce(wait_receipts.result, 'missing') AS detail
+FROM waits
+LEFT JOIN wait_receipts
+       ON wait_receipts.principal = waits.event_principal
+      AND wait_receipts.event_id = waits.event_id
+WHERE waits.state = 'signaled'
+  AND (wait_receipts.event_id IS NULL OR wait_receipts.result <> 'accepted'
+       OR wait_receipts.flow <> waits.flow OR wait_receipts.step <> waits.step
+       OR wait_receipts.generation <> waits.generation)
+
+-- name: audit_store_accepted_receipt_not_adopted
+-- Every accepted receipt is the adopted event of a signaled wait (so a signaled wait has
+-- exactly one, and a timed-out wait none).
+SELECT wait_receipts.principal || '/' || wait_receipts.event_id AS identity,
+       'accepted for ' || wait_receipts.flow || '/' || wait_receipts.step || '#'
+       || wait_receipts.generation || ', wait ' || coalesce(waits.state, 'missing') AS detail
+FROM wait_receipts
+LEFT JOIN waits
+       ON waits.flow = wait_receipts.flow AND waits.step = wait_receipts.step
+      AND waits.generation = wait_receipts.generation
+WHERE wait_receipts.result = 'accepted'
+  AND (waits.flow IS NULL OR waits.state <> 'signaled'
+       OR waits.event_principal <> wait_receipts.principal
+       OR waits.event_id <> wait_receipts.event_id)
+
+-- name: audit_store_receipt_inconsistent_with_wait
+-- What a receipt recorded still matches its wait: too_late means the wait timed out at or
+-- after its deadline; closed means the generation had ended; stale_generation means an older
+-- generation than the slot's; accepted means before the deadline.
+SELECT wait_receipts.principal || '/' || wait_receipts.event_id AS identity,
+       wait_receipts.result || ' at ' || wait_receipts.received_at || ' for '
+       || wait_receipts.flow || '/' || wait_receipts.step || '#' || wait_receipts.generation
+       || ': wait ' || coalesce(waits.state, 'missing') || ', deadline '
+       || coalesce(CAST(waits.deadline AS TEXT), 'NULL') || ', slot at '
+       || coalesce(wait_slots.generation, 0) AS detail
+FROM wait_receipts
+LEFT JOIN waits
+       ON waits.flow = wait_receipts.flow AND waits.step = wait_receipts.step
+      AND waits.generation = wait_receipts.generation
+LEFT JOIN wait_slots
+       ON wait_slots.flow = wait_receipts.flow AND wait_slots.step = wait_receipts.step
+WHERE (wait_receipts.result = 'accepted'
+       AND (waits.flow IS NULL OR wait_receipts.received_at >= waits.deadline))
+   OR (wait_receipts.result = 'too_late'
+       AND (waits.flow IS NULL OR waits.state <> 'timed_out'
+            OR wait_receipts.received_at < waits.deadline))
+   OR (wait_receipts.result = 'closed' AND (waits.flow IS NULL OR waits.state = 'waiting'))
+   OR (wait_receipts.result = 'stale_generation'
+       AND wait_receipts.generation >= coalesce(wait_slots.generation, 0))
+
+-- name: audit_store_timed_out_before_deadline
+-- A wait times out only once its deadline has come, and is signaled only before it.
+SELECT flow || '/' || step || '#' || generation AS identity,
+       state || ' at ' || ended_at || ', deadline ' || deadline AS detail
+FROM waits
+WHERE (state = 'timed_out' AND ended_at < deadline)
+   OR (state = 'signaled' AND ended_at >= deadline)
+
+-- name: audit_store_ended_wait_without_continuation
+-- Every ended wait has exactly one continuation of the matching kind; a waiting one none.
+SELECT waits.flow || '/' || waits.step || '#' || waits.generation AS identity,
+       waits.state || ' with continuation ' || coalesce(wait_continuations.kind, 'none')
+       AS detail
+FROM waits
+LEFT JOIN wait_continuations
+       ON wait_continuations.flow = waits.flow AND wait_continuations.step = waits.step
+      AND wait_continuations.generation = waits.generation
+WHERE (waits.state = 'waiting' AND wait_continuations.kind IS NOT NULL)
+   OR (waits.state = 'signaled' AND coalesce(wait_continuations.kind, '') <> 'signal')
+   OR (waits.state = 'timed_out' AND coalesce(wait_continuations.kind, '') <> 'timeout')
+
+-- name: audit_store_continuation_value_mismatch
+-- A signal continuation carries the accepted signal's value; a timeout one carries none.
+SELECT wait_continuations.flow || '/' || wait_continuations.step || '#'
+       || wait_continuations.generation AS identity,
+       wait_continuations.kind || ' continuation does not carry the adopted value' AS detail
+FROM wait_continuations
+JOIN waits
+  ON waits.flow = wait_continuations.flow AND waits.step = wait_continuations.step
+ AND waits.generation = wait_continuations.generation
+LEFT JOIN wait_receipts
+       ON wait_receipts.principal = waits.event_principal
+      AND wait_receipts.event_id = waits.event_id
+WHERE (wait_continuations.kind = 'timeout' AND wait_continuations.value IS NOT NULL)
+   OR (wait_continuations.kind = 'signal'
+       AND (wait_receipts.value IS NULL OR wait_continuations.value IS NULL
+            OR wait_continuations.value <> wait_receipts.value))
+
+-- name: audit_store_continuation_effect_mismatch
+-- Every consumed continuation has exactly one effect (the key allows no second), and no
+-- unconsumed one has an effect.
+SELECT wait_continuations.flow || '/' || wait_continuations.step || '#'
+       || wait_continuations.generation AS identity,
+       CASE WHEN wait_continuations.consumed_at IS NULL THEN 'unconsumed with an effect'
+            ELSE 'consumed without an effect' END AS detail
+FROM wait_continuations
+LEFT JOIN wait_effects
+       ON wait_effects.flow = wait_continuations.flow
+      AND wait_effects.step = wait_continuations.step
+      AND wait_effects.generation = wait_continuations.generation
+WHERE (wait_continuations.consumed_at IS NULL AND wait_effects.flow IS NOT NULL)
+   OR (wait_continuations.consumed_at IS NOT NULL AND wait_effects.flow IS NULL)
+
+-- name: audit_store_effect_task_mismatch
+-- A 'task' effect names a follow-up whose parent is the wait's task, one hop further; a
+-- 'none' effect names no task. A follow-up (or parent) that pruning has since forgotten --
+-- terminal, its reply sent, past retention -- can no longer be compared.
+SELECT wait_effects.flow || '/' || wait_effects.step || '#' || wait_effects.generation
+       AS identity,
+       wait_effects.kind || ' effect, task ' || coalesce(wait_effects.task_id, 'NULL')
+       || ' (' || coalesce(child.parent_task_id, 'no parent') || ', hops '
+       || coalesce(CAST(child.hops AS TEXT), 'NULL') || ')' AS detail
+FROM wait_effects
+JOIN waits
+  ON waits.flow = wait_effects.flow AND waits.step = wait_effects.step
+ AND waits.generation = wait_effects.generation
+LEFT JOIN tasks AS child ON child.task_id = wait_effects.task_id
+LEFT JOIN tasks AS parent ON parent.task_id = waits.task_id
+WHERE (wait_effects.kind = 'none' AND wait_effects.task_id IS NOT NULL)
+   OR (wait_effects.kind = 'task'
+       AND (wait_effects.task_id IS NULL OR waits.task_id IS NULL
+            OR (child.task_id IS NOT NULL
+                AND (coalesce(child.parent_task_id, '') <> waits.task_id
+                     OR (parent.task_id IS NOT NULL AND child.hops <> parent.hops + 1)))))
+
+-- name: audit_store_wait_decided_after_high_water
+-- No wait decision used a time later than the persisted high-water mark.
+SELECT decided.identity, decided.what || ' ' || decided.at || ' > high water '
+       || postroom_clock.high_water AS detail
+FROM (
+    SELECT flow || '/' || step || '#' || generation AS identity, 'opened_at' AS what,
+           opened_at AS at FROM waits
+    UNION ALL
+    SELECT flow || '/' || step || '#' || generation, 'ended_at', ended_at FROM waits
+    UNION ALL
+    SELECT principal || '/' || event_id, 'received_at', received_at FROM wait_receipts
+    UNION ALL
+    SELECT flow || '/' || step || '#' || generation, 'created_at', created_at
+    FROM wait_continuations
+    UNION ALL
+    SELECT flow || '/' || step || '#' || generation, 'consumed_at', consumed_at
+    FROM wait_continuations
+    UNION ALL
+    SELECT flow || '/' || step || '#' || generation, 'applied_at', applied_at
+    FROM wait_effects
+) AS decided, postroom_clock
+WHERE postroom_clock.id = 1 AND decided.at > postroom_clock.high_water
+
 -- name: audit_receiver_effect_without_receipt
 -- Each effect has its receipt.
 SELECT receiver_effects.reply_id AS identity, 'effect without receipt' AS detail

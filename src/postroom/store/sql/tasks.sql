@@ -140,13 +140,20 @@ WHERE task_id = :task_id AND state = 'running' AND owner = :claim_owner
 RETURNING lease_until
 
 -- name: tasks_prunable
--- Stored messages past retention whose task is terminal and whose reply was sent.
+-- Stored messages past retention whose task is terminal and whose reply was sent, and that
+-- no wait still needs as the parent of its follow-up (waiting, or continuation unconsumed).
 SELECT inbox.task_id FROM inbox
 JOIN tasks ON tasks.task_id = inbox.task_id
 JOIN replies ON replies.task_id = inbox.task_id
 WHERE inbox.received_at < :cutoff
   AND tasks.state IN ('done', 'failed', 'cancelled', 'expired', 'hop_limit')
   AND replies.state = 'sent'
+  AND NOT EXISTS (
+      SELECT 1 FROM waits
+      LEFT JOIN wait_continuations
+             ON wait_continuations.flow = waits.flow AND wait_continuations.step = waits.step
+            AND wait_continuations.generation = waits.generation
+      WHERE waits.task_id = inbox.task_id AND wait_continuations.consumed_at IS NULL)
 ORDER BY inbox.received_at
 LIMIT :limit
 

@@ -1,0 +1,479 @@
+"""The crash table: for every fault point, how to reach it and what must hold afterwards.
+
+``CRASHES`` maps a fault point's name to a ``Crash``:
+
+- ``setup(world)`` -- what the parent puts in the databases first;
+- ``steps(world)`` -- what the child process does; the last step runs with the point armed,
+  so the child dies there (``os._exit``);
+- ``check(world)`` -- what the reopened databases show: before a commit nothing of the
+  operation (``left_nothing``), after it all of it (``left_everything``);
+- ``retry(world)`` -- what the real caller does next (send the same message again, retry with
+  the same claim, or restart and reconcile when the claim died with the process), driving the
+  task to the end; then ``converged(world)``.
+
+Another suite keeps its own table for its own operations (``tests/crash/wait_scenarios.py``),
+and ``test_crash_points`` runs the union.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+import postroom
+from postroom import Fenced, NotFound, Outcome, ReplyState, TaskState
+from postroom.audit import audit_url
+from postroom.transitions import reply_id_for
+from tests.crash.world import AUTH, RESULT, Refusing, World, task_id
+from tests.support import SETTINGS, START, envelope, latest_schema
+
+TASK = task_id("m-1")
+REPLY = reply_id_for(TASK)
+LEASE = SETTINGS.lease
+
+
+@dataclass(frozen=True)
+class Call:
+    """One step the child runs (see ``tests.processes``), at ``START + at`` if given."""
+
+    name: str
+    args: Mapping[str, Any] = field(default_factory=dict)
+    at: float | None = None
+
+
+def call(name: str, *, at: float | None = None, **args: Any) -> Call:
+    """``Call(name, args, at)`` with the arguments spelled as keywords."""
+    return Call(name, args, at)
+
+
+class Crash:
+    """One way to kill a process at a fault point, and what must hold afterwards."""
+
+    #: Whether the child opens the store and the receiver before its first step.
+    opens = True
+    #: Modules the child imports for steps of its own (e.g. ``"tests.wait_steps"``).
+    modules: Sequence[str] = ()
+
+    def setup(self, world: World) -> None:
+        """Prepare the databases: by default one pending task, ``m-1``."""
+        world.receive()
+
+    def steps(self, world: World) -> Sequence[Call]:
+        """The child's steps; the last one reaches the armed point."""
+        raise NotImplementedError
+
+    def check(self, world: World) -> None:
+        """Assert what the crash left in the reopened databases."""
+        raise NotImplementedError
+
+    def retry(self, world: World) -> None:
+        """Retry as the real caller would, and drive the pipeline to the end."""
+        raise NotImplementedError
+
+    def converged(self, world: World) -> None:
+        """Assert the end state: terminal, reply sent, one receiver effect."""
+        world.assert_converged()
+
+
+class CommitCrash(Crash):
+    """A crash before (``committed=False``) or after (``True``) one transaction's commit."""
+
+    def __init__(self, *, committed: bool) -> None:
+        self.committed = committed
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(committed={self.committed})"
+
+    def check(self, world: World) -> None:
+        if self.committed:
+            self.left_everything(world)
+        else:
+            self.left_nothing(world)
+
+    def left_nothing(self, world: World) -> None:
+        """Nothing of the operation is in the database."""
+        raise NotImplementedError
+
+    def left_everything(self, world: World) -> None:
+        """All of the operation is in the database."""
+        raise NotImplementedError
+
+
+def commits(operation: str, kind: type[CommitCrash]) -> dict[str, Crash]:
+    """The table entries for ``<operation>.before_commit`` and ``.after_commit``."""
+    return {f"{operation}.before_commit": kind(committed=False),
+            f"{operation}.after_commit": kind(committed=True)}
+
+
+def _running_under_the_dead_worker(world: World) -> postroom.Task:
+    task = world.task()
+    assert (task.state, task.owner, task.fence, task.attempts) == (
+        TaskState.RUNNING, "w-dead", 1, 1)
+    return task
+
+
+# -- receiving --------------------------------------------------------------------------------
+
+
+class Receive(CommitCrash):
+    """The process dies storing a message; the sender, never ACKed, sends it again."""
+
+    def setup(self, world: World) -> None:
+        world.expect("m-1")
+
+    def steps(self, world: World) -> Sequence[Call]:
+        return [call("receive", message_id="m-1")]
+
+    def left_nothing(self, world: World) -> None:
+        assert world.store.info()["tasks"] == {}
+
+    def left_everything(self, world: World) -> None:
+        assert world.task().state == TaskState.PENDING
+
+    def retry(self, world: World) -> None:
+        ack = world.receive("m-1")
+        assert (ack.task_id, ack.duplicate) == (TASK, self.committed)
+        world.work()
+        world.dispatch()
+
+
+class ReceiveAtomic(CommitCrash):
+    """The process dies storing an atomic batch: both messages or neither."""
+
+    def setup(self, world: World) -> None:
+        world.expect("m-1", "m-2")
+
+    def steps(self, world: World) -> Sequence[Call]:
+        return [call("receive_atomic", message_ids=["m-1", "m-2"])]
+
+    def left_nothing(self, world: World) -> None:
+        assert world.store.info()["tasks"] == {}
+
+    def left_everything(self, world: World) -> None:
+        assert world.store.info()["tasks"] == {"pending": 2}
+
+    def retry(self, world: World) -> None:
+        acks = world.store.receive_atomic(AUTH, [envelope("m-1"), envelope("m-2")])
+        assert [(a.task_id, a.duplicate) for a in acks] == [
+            (task_id("m-1"), self.committed), (task_id("m-2"), self.committed)]
+        world.work()
+        world.work()
+        world.dispatch()
+
+
+# -- tasks ------------------------------------------------------------------------------------
+
+
+class Claim(CommitCrash):
+    """A worker dies claiming; a committed claim dies with it and blocks until its lease ends."""
+
+    def steps(self, world: World) -> Sequence[Call]:
+        return [call("claim", owner="w-dead")]
+
+    def left_nothing(self, world: World) -> None:
+        task = world.task()
+        assert (task.state, task.owner, task.fence, task.attempts) == (
+            TaskState.PENDING, None, 0, 0)
+
+    def left_everything(self, world: World) -> None:
+        task = _running_under_the_dead_worker(world)
+        assert task.lease_until == START + LEASE
+
+    def retry(self, world: World) -> None:
+        if self.committed:
+            assert world.store.claim("w-restarted") is None, "the dead worker's lease holds"
+            world.recover()
+        assert world.work().fence == (2 if self.committed else 1)
+        world.dispatch()
+
+
+class Renew(CommitCrash):
+    """A worker dies renewing its lease at +20 s; a committed renewal holds until +50 s."""
+
+    def steps(self, world: World) -> Sequence[Call]:
+        return [call("claim", owner="w-dead"), call("renew", at=20)]
+
+    def left_nothing(self, world: World) -> None:
+        assert _running_under_the_dead_worker(world).lease_until == START + LEASE
+
+    def left_everything(self, world: World) -> None:
+        assert _running_under_the_dead_worker(world).lease_until == START + 20 + LEASE
+
+    def retry(self, world: World) -> None:
+        world.clock.set(START + LEASE)
+        assert world.store.reconcile().leases_recovered == (0 if self.committed else 1)
+        if self.committed:
+            world.recover()
+        assert world.work().fence == 2
+        world.dispatch()
+
+
+class Finish(CommitCrash):
+    """A worker dies committing its result (task done and reply, one transaction)."""
+
+    def steps(self, world: World) -> Sequence[Call]:
+        return [call("claim", owner="w-dead"), call("finish", result=RESULT)]
+
+    def left_nothing(self, world: World) -> None:
+        _running_under_the_dead_worker(world)
+        assert world.reply() is None
+
+    def left_everything(self, world: World) -> None:
+        task = world.task()
+        assert (task.state, task.owner, task.result) == (TaskState.DONE, None, RESULT)
+        reply = world.reply()
+        assert reply is not None and (reply.state, reply.status) == (
+            ReplyState.PENDING, TaskState.DONE)
+
+    def retry(self, world: World) -> None:
+        if self.committed:
+            # The worker comes back with the claim it kept: the task is already done.
+            with pytest.raises(Fenced, match="done"):
+                world.store.finish(world.dead_claim, RESULT)
+        else:
+            world.recover()
+            assert world.work().fence == 2
+        world.dispatch()
+
+
+class Fail(CommitCrash):
+    """A worker dies reporting a retryable failure; a committed one backs off 10 s."""
+
+    def steps(self, world: World) -> Sequence[Call]:
+        return [call("claim", owner="w-dead"), call("fail", reason="flaky")]
+
+    def left_nothing(self, world: World) -> None:
+        assert _running_under_the_dead_worker(world).last_error is None
+
+    def left_everything(self, world: World) -> None:
+        task = world.task()
+        assert (task.state, task.owner, task.attempts, task.last_error, task.available_at) == (
+            TaskState.PENDING, None, 1, "flaky", START + 10)
+
+    def retry(self, world: World) -> None:
+        if self.committed:
+            with pytest.raises(Fenced, match="pending"):
+                world.store.fail(world.dead_claim, "flaky")
+            assert world.store.claim("w-restarted") is None, "the backoff holds"
+            world.clock.set(START + 10)
+        else:
+            world.recover()
+        claim = world.work()
+        assert (claim.fence, claim.attempt) == (2, 2)
+        world.dispatch()
+
+
+class Cancel(CommitCrash):
+    """The process dies cancelling a pending task (state and reply, one transaction)."""
+
+    def steps(self, world: World) -> Sequence[Call]:
+        return [call("cancel", task_id=TASK)]
+
+    def left_nothing(self, world: World) -> None:
+        assert world.task().state == TaskState.PENDING
+        assert world.reply() is None
+
+    def left_everything(self, world: World) -> None:
+        assert world.task().state == TaskState.CANCELLED
+        reply = world.reply()
+        assert reply is not None and reply.status == TaskState.CANCELLED
+
+    def retry(self, world: World) -> None:
+        assert world.store.cancel(TASK) is not self.committed
+        world.dispatch()
+
+
+class Reconcile(CommitCrash):
+    """A sweeper dies recovering a dead worker's expired lease."""
+
+    def setup(self, world: World) -> None:
+        world.receive()
+        claim = world.store.claim("w-dead")
+        assert claim is not None
+        world.clock.set(claim.lease_until)
+
+    def steps(self, world: World) -> Sequence[Call]:
+        return [call("reconcile")]
+
+    def left_nothing(self, world: World) -> None:
+        _running_under_the_dead_worker(world)
+
+    def left_everything(self, world: World) -> None:
+        task = world.task()
+        assert (task.state, task.owner, task.last_error) == (
+            TaskState.PENDING, None, "lease expired on attempt 1")
+
+    def retry(self, world: World) -> None:
+        assert world.store.reconcile().leases_recovered == (0 if self.committed else 1)
+        assert world.work().fence == 2
+        world.dispatch()
+
+
+# -- replies ----------------------------------------------------------------------------------
+
+
+class Delivery(Crash):
+    """A dispatcher dies delivering a done task's reply.
+
+    Which commits happened decides what the reopened databases show: the reply claimed
+    (``sending`` under the dead dispatcher), the receiver's receipt and effect, the ``sent``
+    record. A claimed reply is redelivered only after the dead dispatcher's lease, with the
+    same reply_id; if the receiver already had it, it answers duplicate and adds no effect.
+    """
+
+    def __init__(self, *, claimed: bool, received: bool, recorded: bool) -> None:
+        self.claimed, self.received, self.recorded = claimed, received, recorded
+
+    def __repr__(self) -> str:
+        return (f"Delivery(claimed={self.claimed}, received={self.received}, "
+                f"recorded={self.recorded})")
+
+    def setup(self, world: World) -> None:
+        world.receive()
+        world.work(owner="w-1")
+
+    def steps(self, world: World) -> Sequence[Call]:
+        return [call("dispatch", owner="d-dead")]
+
+    def check(self, world: World) -> None:
+        reply = world.reply()
+        assert reply is not None
+        if self.recorded:
+            expected = (ReplyState.SENT, None, 1)
+        elif self.claimed:
+            expected = (ReplyState.SENDING, "d-dead", 1)
+        else:
+            expected = (ReplyState.PENDING, None, 0)
+        assert (reply.state, reply.owner, reply.fence) == expected
+        assert (world.receiver.receipt(REPLY) is not None) == self.received
+        assert world.effects() == (1 if self.received else 0)
+
+    def retry(self, world: World) -> None:
+        if self.recorded:
+            assert world.dispatch() == [], "a sent reply is not delivered again"
+            return
+        if self.claimed:
+            assert world.dispatch() == [], "the dead dispatcher's lease holds the reply"
+            reply = world.reply()
+            assert reply is not None and reply.lease_until is not None
+            world.clock.set(reply.lease_until)
+        assert world.dispatch() == [Outcome.delivered(duplicate=self.received)]
+        reply = world.reply()
+        assert reply is not None
+        assert (reply.reply_id, reply.fence) == (REPLY, 2 if self.claimed else 1)
+
+
+class Requeue(CommitCrash):
+    """An operator's requeue of a dead reply dies; the decision is recorded once or not at all."""
+
+    def setup(self, world: World) -> None:
+        world.receive()
+        world.work(owner="w-1")
+        assert world.store.dispatch(Refusing()).dead == 1
+
+    def steps(self, world: World) -> Sequence[Call]:
+        return [call("requeue", reply_id=REPLY, operator="ops", reason="receiver fixed")]
+
+    def left_nothing(self, world: World) -> None:
+        reply = world.reply()
+        assert reply is not None and reply.state == ReplyState.DEAD
+        assert world.store.requeues(REPLY) == []
+
+    def left_everything(self, world: World) -> None:
+        reply = world.reply()
+        assert reply is not None and (reply.state, reply.attempts) == (ReplyState.PENDING, 0)
+        assert [r.operator for r in world.store.requeues(REPLY)] == ["ops"]
+
+    def retry(self, world: World) -> None:
+        if self.committed:
+            with pytest.raises(Fenced, match="only a dead reply"):
+                world.store.requeue_reply(REPLY, operator="ops", reason="receiver fixed")
+        else:
+            world.store.requeue_reply(REPLY, operator="ops", reason="receiver fixed")
+        assert len(world.store.requeues(REPLY)) == 1
+        assert world.dispatch() == [Outcome.delivered()]
+
+
+# -- housekeeping -----------------------------------------------------------------------------
+
+
+class Prune(CommitCrash):
+    """The pruner dies forgetting a finished, delivered message past retention."""
+
+    def setup(self, world: World) -> None:
+        world.receive()
+        world.work(owner="w-1")
+        world.dispatch()
+        world.clock.set(START + SETTINGS.retention + 1)
+
+    def steps(self, world: World) -> Sequence[Call]:
+        return [call("prune")]
+
+    def left_nothing(self, world: World) -> None:
+        reply = world.reply()
+        assert world.task().state == TaskState.DONE
+        assert reply is not None and reply.state == ReplyState.SENT
+
+    def left_everything(self, world: World) -> None:
+        with pytest.raises(NotFound):
+            world.task()
+        assert world.reply() is None
+
+    def retry(self, world: World) -> None:
+        assert world.store.prune() == (0 if self.committed else 1)
+
+    def converged(self, world: World) -> None:
+        assert world.store.info()["tasks"] == {}
+        assert world.effects() == 1 and world.receiver.effects_total() == 1
+
+
+class Migrate(CommitCrash):
+    """The first process to open a new database dies creating its schema."""
+
+    opens = False
+
+    def setup(self, world: World) -> None:
+        pass  # a new, empty database
+
+    def steps(self, world: World) -> Sequence[Call]:
+        return [call("open", store=world.store_url)]
+
+    def left_nothing(self, world: World) -> None:
+        assert [v.check for v in audit_url(world.store_url)] == ["schema"]
+
+    def left_everything(self, world: World) -> None:
+        assert audit_url(world.store_url) == []
+
+    def retry(self, world: World) -> None:
+        # reopening succeeded and brought the schema to its newest version
+        assert world.store.info()["schema_version"] == latest_schema(world.store)
+        world.receive()
+        world.work()
+        world.dispatch()
+
+
+CRASHES: dict[str, Crash] = {
+    **commits("receive", Receive),
+    **commits("receive_atomic", ReceiveAtomic),
+    **commits("claim", Claim),
+    **commits("renew", Renew),
+    **commits("finish", Finish),
+    **commits("fail", Fail),
+    **commits("cancel", Cancel),
+    **commits("reconcile", Reconcile),
+    **commits("requeue", Requeue),
+    **commits("prune", Prune),
+    **commits("migrate", Migrate),
+    # One delivery crosses three commits: the claim, the receiver's, the recording.
+    "dispatch.claim.before_commit": Delivery(claimed=False, received=False, recorded=False),
+    "dispatch.claim.after_commit": Delivery(claimed=True, received=False, recorded=False),
+    "delivery.before_remote_commit": Delivery(claimed=True, received=False, recorded=False),
+    "receiver.accept.before_commit": Delivery(claimed=True, received=False, recorded=False),
+    "receiver.accept.after_commit": Delivery(claimed=True, received=True, recorded=False),
+    "delivery.after_remote_commit": Delivery(claimed=True, received=True, recorded=False),
+    "dispatch.record.before_commit": Delivery(claimed=True, received=True, recorded=False),
+    "dispatch.record.after_commit": Delivery(claimed=True, received=True, recorded=True),
+}

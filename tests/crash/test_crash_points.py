@@ -1,0 +1,80 @@
+"""SPEC §9: a real process is killed at every registered fault point, and the system recovers.
+
+For each point, from ``faults.registered()`` (so a new point is covered, or fails loudly here):
+a child process arms the point with ``faults.crash(CODE)`` and runs the operation; the child
+must die with exactly ``CODE`` (the point was reached). The parent then reopens the databases,
+checks what the crash left (nothing before the commit, everything after), audits both
+databases, retries as the real caller would, and checks that the pipeline converged: task
+terminal, reply sent, exactly one receiver effect. The scenarios are in ``scenarios.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import postroom  # noqa: F401 - importing postroom registers every module's fault points
+from postroom import faults
+from tests.crash.scenarios import CRASHES as TASK_CRASHES
+from tests.crash.scenarios import Call, Crash
+from tests.crash.wait_scenarios import WAIT_CRASHES
+from tests.crash.world import World
+from tests.processes import Child
+from tests.support import START
+
+#: The exit code of a crashed child; no other way out of a child produces it.
+CODE = 86
+
+POINTS = [p.name for p in faults.registered()]
+CRASHES: dict[str, Crash] = {**TASK_CRASHES, **WAIT_CRASHES}
+
+
+def crash_child(world: World, crash: Crash, point: str) -> None:
+    """Run the scenario's steps in a child; the last one, with ``point`` armed, must kill it."""
+    *before, last = crash.steps(world)
+    urls = {"store": world.store_url, "receiver": world.receiver_url} if crash.opens else {}
+    child = Child(name=f"crash@{point}", now=world.clock.now(), modules=crash.modules, **urls)
+    try:
+        child.ready()
+        for step in before:
+            world.answers[step.name] = child.call(step.name, now=moment(world, step),
+                                                  **step.args)
+        child.call("arm", point=point, code=CODE)
+        child.go(last.name, now=moment(world, last), **last.args)
+        code = child.exit_code()
+        assert code == CODE, (f"{point} was not reached: {last.name!r} answered "
+                              f"{child.unanswered()} and the child exited {code}\n"
+                              f"{child.stderr()}")
+    finally:
+        child.stop()
+
+
+def moment(world: World, step: Call) -> float:
+    """The time ``step`` runs at; parent and child share it."""
+    if step.at is not None:
+        world.clock.set(START + step.at)
+    return world.clock.now()
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_a_crash_at_the_point_leaves_all_or_nothing_and_the_retry_converges(point, make_url):
+    crash = CRASHES.get(point)
+    if crash is None:
+        pytest.fail(f"fault point {point!r} has no crash scenario: add it to CRASHES in "
+                    f"tests/crash/scenarios.py (WAIT_CRASHES in wait_scenarios.py for waits)")
+    world = World(make_url("store"), make_url("receiver"))
+    try:
+        crash.setup(world)
+        world.restart()
+        crash_child(world, crash, point)
+        crash.check(world)
+        world.reopen()
+        world.audit()
+        crash.retry(world)
+        crash.converged(world)
+        world.audit()
+    finally:
+        world.restart()
+
+
+def test_every_scenario_names_a_registered_point():
+    assert sorted(set(CRASHES) - set(POINTS)) == []

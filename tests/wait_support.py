@@ -1,0 +1,89 @@
+"""Helpers shared by the wait tests: one call per wait operation, and a durable snapshot."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import postroom
+from tests.support import START, envelope
+
+FLOW, STEP = "case-a", "details"
+ALICE = postroom.AuthContext(principal="alice")
+
+# Every table a wait operation writes, with an order that makes a snapshot deterministic.
+_TABLES = {
+    "wait_slots": "flow, step",
+    "waits": "flow, step, generation",
+    "wait_receipts": "principal, event_id",
+    "wait_continuations": "flow, step, generation",
+    "wait_effects": "flow, step, generation",
+    "tasks": "task_id",
+    "inbox": "task_id",
+    "postroom_clock": "id",
+}
+
+
+def snapshot(store: postroom.Store) -> dict[str, list[dict[str, Any]]]:
+    """Every row of every table a wait operation writes, as plain data."""
+    found = {}
+    with store.database.read() as tx:
+        for table, order in _TABLES.items():
+            cursor = tx.execute(f"SELECT * FROM {table} ORDER BY {order}")
+            found[table] = [dict(row) for row in cursor.fetchall()]
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class WaitCall:
+    """One wait operation: bring a fresh store to where the call makes sense, the call, and
+    what a retry answers once the call has committed (its replay, or the wait closed)."""
+
+    setup: Callable[[postroom.Store, postroom.ManualClock], None]
+    call: Callable[[postroom.Store], Any]
+    retried: Callable[[Any], Any]
+
+
+def _nothing(store: postroom.Store, clock: postroom.ManualClock) -> None:
+    pass
+
+
+def _open(store: postroom.Store, clock: postroom.ManualClock) -> None:
+    store.open_wait(FLOW, STEP, 0, START + 10)
+
+
+def _due(store: postroom.Store, clock: postroom.ManualClock) -> None:
+    _open(store, clock)
+    clock.set(START + 10)
+
+
+def _signaled_with_parent(store: postroom.Store, clock: postroom.ManualClock) -> None:
+    parent = store.receive(postroom.AuthContext(principal="planner"), envelope("ask"))
+    store.open_wait(FLOW, STEP, 0, START + 10, task_id=parent.task_id)
+    store.signal(ALICE, "e1", FLOW, STEP, 1, {"approve": True})
+
+
+OPERATIONS: dict[str, WaitCall] = {
+    "open_wait": WaitCall(
+        _nothing, lambda s: s.open_wait(FLOW, STEP, 0, START + 10, request_id="r1"),
+        lambda first: replace(first, replay=True)),
+    "signal": WaitCall(
+        _open, lambda s: s.signal(ALICE, "e1", FLOW, STEP, 1, {"approve": True}),
+        lambda first: replace(first, result=postroom.SignalResult.REPLAY)),
+    "expire": WaitCall(_due, lambda s: s.expire(FLOW, STEP, 1),
+                       lambda first: postroom.ExpireResult.CLOSED),
+    "expire_due": WaitCall(_due, lambda s: s.expire_due(), lambda first: 0),
+    "resume": WaitCall(
+        _signaled_with_parent,
+        lambda s: s.resume(FLOW, STEP, 1, postroom.FollowUp(message_id="next",
+                                                             payload={"n": 1})),
+        lambda first: replace(first, result=postroom.ResumeResult.REPLAY)),
+}
+
+
+def wait_points() -> list[str]:
+    """Every registered fault point of a wait operation (enumerated, never listed by hand)."""
+    from postroom import faults
+
+    return [p.name for p in faults.registered() if p.name.split(".")[0] in OPERATIONS]
