@@ -24,8 +24,7 @@ __all__ = ["ACCEPT", "Effect", "Receiver"]
 ACCEPT = Operation("receiver.accept")
 
 #: A business effect: called inside the receipt's transaction with the transaction (for
-#: ``tx.execute``) and the parsed reply body, once per new reply, in order (in a batch, after
-#: the batch's receipts are written). Raising rolls back the receipts too.
+#: ``tx.execute``) and the parsed reply body. Raising rolls back the receipt too.
 Effect = Callable[[Tx, dict[str, Any]], None]
 
 
@@ -60,26 +59,8 @@ class Receiver:
 
     def accept_batch(self, replies: Sequence[Outgoing]) -> list[Outcome]:
         """Take several replies in one transaction; one outcome per reply, in order."""
-        return self._db.run_batch(ACCEPT, lambda tx: self._accept_all(tx, replies),
-                                  lambda tx: [self._accept_one(tx, reply) for reply in replies])
-
-    def _accept_all(self, tx: Tx, replies: Sequence[Outgoing]) -> list[Outcome]:
-        """Receipts and effects of a batch of new replies, one statement each.
-
-        ``NotAllApplied`` if a reply id was already received (or is given twice): then
-        ``_accept_one`` per reply tells duplicates from collisions.
-        """
-        documents = [_parse(reply) for reply in replies]
-        fresh = [(reply, document) for reply, document in zip(replies, documents, strict=True)
-                 if not isinstance(document, Outcome)]
-        tx.run_all("receipt_insert", [_receipt(reply, tx.now) for reply, _ in fresh])
-        tx.run_many("effect_insert", [_effect(reply, document, tx.now)
-                                      for reply, document in fresh])
-        if self._effect is not None:
-            for _, document in fresh:
-                self._effect(tx, document)
-        return [document if isinstance(document, Outcome) else Outcome.delivered()
-                for document in documents]
+        return self._db.run(ACCEPT, lambda tx: [self._accept_one(tx, reply)
+                                                for reply in replies])
 
     def _accept_one(self, tx: Tx, reply: Outgoing) -> Outcome:
         document = _parse(reply)
