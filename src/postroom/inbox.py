@@ -113,10 +113,7 @@ def store_message(tx: Tx, settings: Settings, checked: CheckedEnvelope,
                 f"{stored['fingerprint'] if stored else '?'}, this one is {checked.fingerprint}")
         duplicate = True
     else:
-        decision = transitions.initial_state(
-            checked.task_id, deadline=checked.deadline, hops=checked.hops,
-            max_hops=settings.max_hops, now=tx.now)
-        _insert_task(tx, settings, checked, decision)
+        _insert_tasks(tx, settings, [checked])
         duplicate = False
     if position is not None:
         _record_position(tx, checked, position)
@@ -129,17 +126,8 @@ def store_all(tx: Tx, settings: Settings, items: Sequence[CheckedEnvelope]) -> l
     Raises ``NotAllApplied`` if any identity is already stored (or given twice):
     ``store_message`` item by item then tells duplicates from collisions.
     """
-    now = tx.now
-    tx.run_all("inbox_insert", [_inbox(checked, now) for checked in items])
-    decided = [(checked, transitions.initial_state(
-        checked.task_id, deadline=checked.deadline, hops=checked.hops,
-        max_hops=settings.max_hops, now=now)) for checked in items]
-    tx.run_many("task_insert", [_task(checked, decision, now) for checked, decision in decided])
-    insert_replies(tx, settings, [(checked.task_id, decision.reply)
-                                  for checked, decision in decided if decision.reply])
-    for queue in dict.fromkeys(checked.queue for checked, decision in decided
-                               if decision.to_state is TaskState.PENDING):
-        tx.notify(queue)
+    tx.run_all("inbox_insert", [_inbox(checked, tx.now) for checked in items])
+    _insert_tasks(tx, settings, items)
     return [Ack(task_id=checked.task_id, duplicate=False) for checked in items]
 
 
@@ -159,35 +147,34 @@ def _task(checked: CheckedEnvelope, decision: TaskDecision, now: float) -> dict[
             "last_error": decision.last_error, "now": now}
 
 
-def _insert_task(tx: Tx, settings: Settings, checked: CheckedEnvelope,
-                 decision: TaskDecision) -> None:
-    tx.run("task_insert", **_task(checked, decision, tx.now))
-    if decision.reply is not None:
-        insert_reply(tx, settings, checked.task_id, decision.reply)
-    elif decision.to_state is TaskState.PENDING:
-        tx.notify(checked.queue)
+def _insert_tasks(tx: Tx, settings: Settings, items: Sequence[CheckedEnvelope]) -> None:
+    """Create the tasks of newly stored messages, with the replies of born-terminal ones."""
+    now = tx.now
+    decided = [(checked, transitions.initial_state(
+        checked.task_id, deadline=checked.deadline, hops=checked.hops,
+        max_hops=settings.max_hops, now=now)) for checked in items]
+    tx.run_many("task_insert", [_task(checked, decision, now) for checked, decision in decided])
+    insert_replies(tx, settings, [(checked.task_id, decision.reply)
+                                  for checked, decision in decided if decision.reply])
+    for queue in dict.fromkeys(checked.queue for checked, decision in decided
+                               if decision.to_state is TaskState.PENDING):
+        tx.notify(queue)
 
 
 def insert_reply(tx: Tx, settings: Settings, task_id: str, reply: ReplyContent) -> None:
     """Write the reply of a task that just became terminal."""
-    tx.run("reply_insert", **_reply(settings, tx.now, task_id, reply))
-    tx.notify("postroom_replies")
+    insert_replies(tx, settings, [(task_id, reply)])
 
 
 def insert_replies(tx: Tx, settings: Settings,
                    replies: Sequence[tuple[str, ReplyContent]]) -> None:
     """Write the replies of tasks that just became terminal (``(task_id, reply)`` pairs)."""
     if replies:
-        tx.run_many("reply_insert", [_reply(settings, tx.now, task_id, reply)
-                                     for task_id, reply in replies])
+        tx.run_many("reply_insert", [
+            {"reply_id": reply.reply_id, "task_id": task_id, "status": reply.status.value,
+             "body": reply.body, "fingerprint": reply.fingerprint,
+             "budget": settings.delivery_budget, "now": tx.now} for task_id, reply in replies])
         tx.notify("postroom_replies")
-
-
-def _reply(settings: Settings, now: float, task_id: str,
-           reply: ReplyContent) -> dict[str, object]:
-    return {"reply_id": reply.reply_id, "task_id": task_id, "status": reply.status.value,
-            "body": reply.body, "fingerprint": reply.fingerprint,
-            "budget": settings.delivery_budget, "now": now}
 
 
 def _record_position(tx: Tx, checked: CheckedEnvelope, position: Position) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from postroom import transitions
 from postroom.errors import Fenced, NotFound
-from postroom.inbox import insert_replies, insert_reply, store_message
+from postroom.inbox import insert_reply, store_message
 from postroom.models import Claim, TaskState
 from postroom.settings import Settings
 from postroom.store.database import Operation, Tx
@@ -184,7 +184,7 @@ def finish(tx: Tx, settings: Settings, claim: Claim, *, result_json: str,
 
 
 def finish_all(tx: Tx, settings: Settings, items: Sequence[tuple[Claim, str]]) -> None:
-    """``finish`` many claims (with their canonical results) in two statements.
+    """``finish`` many claims (with their canonical results), one guarded statement for all.
 
     Raises ``NotAllApplied`` if any claim is not current (nothing of the batch may stay):
     ``finish`` item by item then names it.
@@ -194,8 +194,8 @@ def finish_all(tx: Tx, settings: Settings, items: Sequence[tuple[Claim, str]]) -
                  for claim, result in items]
     tx.run_all("task_apply_owned", [_owned(claim, decision, now)
                                     for claim, decision in decisions])
-    insert_replies(tx, settings, [(claim.task_id, decision.reply)
-                                  for claim, decision in decisions if decision.reply])
+    for claim, decision in decisions:
+        _after(tx, settings, claim.task_id, decision)
 
 
 def fail(tx: Tx, settings: Settings, claim: Claim, *, reason: str, retryable: bool,
