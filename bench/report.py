@@ -59,6 +59,24 @@ def render(report: dict[str, Any]) -> str:
     for bar in report["bars"]:
         lines.append(f"| {bar['text']} | {bar['measured']:.3f}x | >= {bar['required']}x | "
                      f"{'pass' if bar['passed'] else 'FAIL'} |")
+    cycles = [row for row in report["measurements"] if "us_per_task_in_commits" in row["details"]]
+    if cycles:
+        lines += [
+            "",
+            "## Where a claim+finish cycle's time goes",
+            "",
+            "One extra round per backlog size, after the timed ones, split the same way: the "
+            "statements' own cost is what a growing backlog could make grow; the commits' "
+            "cost is the disk's (and the write-back of checkpoints into a larger file).",
+            "",
+            "| backlog | us in commits | us in statements | us in Python |",
+            "|---:|---:|---:|---:|",
+        ]
+        for row in cycles:
+            details = row["details"]
+            lines.append(f"| {details['backlog']:,} | {details['us_per_task_in_commits']:.0f} | "
+                         f"{details['us_per_task_in_statements']:.0f} | "
+                         f"{details['us_per_task_elsewhere']:.0f} |")
     split = [row for row in report["measurements"] if "database_share" in row["details"]]
     if split:
         lines += [

@@ -3,9 +3,10 @@
 SPEC §3: claim cost must not grow with the backlog. One store is grown through the sizes
 (smallest first) with ``receive_atomic`` batches; at each size a fixed number of claim+finish
 cycles is timed, and the backlog is topped up between rounds so that it stays between the size
-and the size plus one round. The plans of the claim transaction's statements (the claim and
-its two sweeps) are read with ``EXPLAIN`` at every size: a scan of the tasks table or a sort
-fails the run.
+and the size plus one round. One more round per size splits a cycle's time into commits,
+statements and Python (``DriverTime``). The plans of the claim transaction's statements (the
+claim and its two sweeps) are read with ``EXPLAIN`` at every size: a scan of the tasks table
+or a sort fails the run.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from functools import partial
 
 import postroom
 from bench.context import BenchError, Context, Measurement
+from bench.driver_time import DriverTime
 
 __all__ = ["run"]
 
@@ -96,6 +98,11 @@ def run(ctx: Context) -> list[Measurement]:
             backlog.cycles(cycles)  # untimed: statement caches and pages warm at this size
             rounds = ctx.timed_rounds(partial(backlog.cycles, cycles),
                                       before=partial(backlog.fill_to, size + cycles))
+            backlog.fill_to(size + cycles)
+            with DriverTime([store.database]) as inside:  # one more round, split by where
+                start = time.perf_counter()
+                backlog.cycles(cycles)
+                wall = time.perf_counter() - start
             plans = claim_plans(store)
             problems = scans_or_sorts(plans) if store.database.dialect.name == "sqlite" else []
             if problems:
@@ -106,5 +113,11 @@ def run(ctx: Context) -> list[Measurement]:
                 label=f"claim+finish, one worker, backlog {size:,} pending",
                 unit="tasks/s", rounds=rounds,
                 details={"backlog": size, "cycles_per_round": cycles,
-                         "commits_per_task": 2, "claim_plans": plans}))
+                         "commits_per_task": inside.commits / cycles,
+                         "us_per_task_in_commits": round(inside.committing / cycles * 1e6, 1),
+                         "us_per_task_in_statements": round(inside.statements / cycles * 1e6,
+                                                            1),
+                         "us_per_task_elsewhere": round(
+                             (wall - inside.seconds) / cycles * 1e6, 1),
+                         "claim_plans": plans}))
     return rows

@@ -19,12 +19,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from typing import Any
 
 import postroom
 from bench.context import BenchError, Context, Measurement, Rounds, median
+from bench.driver_time import DriverTime
 from postroom.audit import audit_database
-from postroom.store import Database
 
 __all__ = ["run_batched", "run_single"]
 
@@ -59,51 +58,12 @@ def _pipeline(ctx: Context, name: str) -> Iterator[tuple[postroom.Store, postroo
         yield store, receiver, postroom.InProcessTransport(receiver)
 
 
-class _DriverTime:
-    """Time spent inside the database driver, and commits made, while the block runs.
-
-    A diagnostic, taken in an extra round after the timed ones: it wraps the dialects'
-    methods on their instances (a little overhead of its own), and splits a task's time into
-    the database's work (SQL, commits, the fsync they wait for) and postroom's Python.
-    """
-
-    _METHODS = ("begin", "execute", "executemany", "commit", "rollback")
-
-    def __init__(self, databases: list[Database]) -> None:
-        self._dialects = [database.dialect for database in databases]
-        self.seconds = 0.0
-        self.commits = 0
-
-    def __enter__(self) -> _DriverTime:
-        for dialect in self._dialects:
-            for name in self._METHODS:
-                setattr(dialect, name, self._timed(getattr(dialect, name), name))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for dialect in self._dialects:
-            for name in self._METHODS:
-                delattr(dialect, name)  # the class's method again
-
-    def _timed(self, method: Callable[..., Any], name: str) -> Callable[..., Any]:
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return method(*args, **kwargs)
-            finally:
-                self.seconds += time.perf_counter() - start
-                if name == "commit":
-                    self.commits += 1
-
-        return timed
-
-
 def _measure(ctx: Context, store: postroom.Store, receiver: postroom.Receiver,
              work: Callable[[], int]) -> tuple[Rounds, dict[str, float]]:
-    """A warm-up round, the timed rounds, then one round split by ``_DriverTime``."""
+    """A warm-up round, the timed rounds, then one round split by ``DriverTime``."""
     work()
     rounds = ctx.timed_rounds(work)
-    with _DriverTime([store.database, receiver.database]) as inside:
+    with DriverTime([store.database, receiver.database]) as inside:
         start = time.perf_counter()
         tasks = work()
         wall = time.perf_counter() - start

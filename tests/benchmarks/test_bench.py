@@ -62,6 +62,15 @@ def test_quick_run_counts_the_commits_a_task_costs(quick_report):
     assert batched["commits_per_task"] == pytest.approx(6 / batched["batch_size"])
 
 
+def test_quick_run_splits_a_claim_cycle_between_commits_statements_and_python(quick_report):
+    for row in quick_report["measurements"]:
+        if row["id"].startswith("claim_finish."):
+            details = row["details"]
+            assert details["commits_per_task"] == 2
+            assert details["us_per_task_in_commits"] > 0
+            assert details["us_per_task_in_statements"] > 0
+
+
 def test_quick_run_splits_end_to_end_time_between_database_and_python(quick_report):
     for row in quick_report["measurements"]:
         if row["id"].startswith("e2e."):
