@@ -36,6 +36,9 @@ def render(report: dict[str, Any]) -> str:
         f"- Python {info['python']}, SQLite {info['sqlite']}, postroom {info['postroom']}"
         + (f" at commit `{info['commit']}`" if info.get("commit") else ""),
         f"- databases in `{info['folder']}` ({info['filesystem']})",
+        "- glibc malloc settings from the environment: "
+        + (", ".join(f"`{name}={value}`" for name, value in info["malloc_env"].items())
+           or "none (defaults)"),
         f"- load average (1, 5, 15 min): {_load(load['before'])} before, "
         f"{_load(load['after'])} after",
         "",
