@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -41,69 +42,49 @@ def render(report: dict[str, Any]) -> str:
            or "none (defaults)"),
         f"- load average (1, 5, 15 min): {_load(load['before'])} before, "
         f"{_load(load['after'])} after",
-        "",
-        "## Figures",
-        "",
-        "| measurement | rate (median) | ratio to raw commits/s (median) | rounds |",
-        "|---|---:|---:|---|",
     ]
-    for row in report["measurements"]:
-        rounds = ", ".join(f"{value:,.0f}" for value in row["rounds"])
-        ratio = "" if row["ratio_to_raw"] is None else f"{row['ratio_to_raw']:.3f}"
-        lines.append(f"| {row['label']} | {row['value']:,.0f} {row['unit']} | {ratio} | "
-                     f"{rounds} |")
-    lines += [
-        "",
-        "## Bars",
-        "",
-        "| bar | measured | required | result |",
-        "|---|---:|---:|---|",
-    ]
-    for bar in report["bars"]:
-        lines.append(f"| {bar['text']} | {bar['measured']:.3f}x | >= {bar['required']}x | "
-                     f"{'pass' if bar['passed'] else 'FAIL'} |")
+    lines += _section(
+        "Figures", "", ["measurement", "rate (median)", "ratio to raw commits/s (median)",
+                        "rounds"],
+        [[row["label"], f"{row['value']:,.0f} {row['unit']}",
+          "" if row["ratio_to_raw"] is None else f"{row['ratio_to_raw']:.3f}",
+          ", ".join(f"{value:,.0f}" for value in row["rounds"])]
+         for row in report["measurements"]])
+    lines += _section(
+        "Bars", "", ["bar", "measured", "required", "result"],
+        [[bar["text"], f"{bar['measured']:.3f}x", f">= {bar['required']}x",
+          "pass" if bar["passed"] else "FAIL"] for bar in report["bars"]])
     cycles = [row for row in report["measurements"] if "us_per_task_in_commits" in row["details"]]
     if cycles:
-        lines += [
-            "",
-            "## Where a claim+finish cycle's time goes",
-            "",
-            "One extra round per backlog size, after the timed ones, split the same way: the "
-            "statements' own cost is what a growing backlog could make grow; the commits' "
-            "cost is the disk's (and the write-back of checkpoints into a larger file).",
-            "",
-            "| backlog | us in commits | us in statements | us in Python |",
-            "|---:|---:|---:|---:|",
-        ]
-        for row in cycles:
-            details = row["details"]
-            lines.append(f"| {details['backlog']:,} | {details['us_per_task_in_commits']:.0f} | "
-                         f"{details['us_per_task_in_statements']:.0f} | "
-                         f"{details['us_per_task_elsewhere']:.0f} |")
+        lines += _section(
+            "Where a claim+finish cycle's time goes",
+            "One extra round per backlog size, after the timed ones, clocks the time spent in "
+            "commits (and the fsyncs they wait for) and in the other statements; the rest is "
+            "postroom's Python. The statements' own cost is what a growing backlog could make "
+            "grow; the commits' cost is the disk's (and the write-back of checkpoints into a "
+            "larger file).",
+            ["backlog", "us in commits", "us in statements", "us in Python"],
+            [[f"{row['details']['backlog']:,}",
+              f"{row['details']['us_per_task_in_commits']:.0f}",
+              f"{row['details']['us_per_task_in_statements']:.0f}",
+              f"{row['details']['us_per_task_elsewhere']:.0f}"] for row in cycles])
     split = [row for row in report["measurements"] if "database_share" in row["details"]]
     if split:
-        lines += [
-            "",
-            "## Where an end-to-end task's time goes",
-            "",
+        lines += _section(
+            "Where an end-to-end task's time goes",
             "One extra round per scenario, after the timed ones, clocks the time spent inside "
             "the database driver (statements, commits and the fsyncs they wait for). The rest "
-            "is postroom's Python. The last column divides the ratio by the database's share: "
-            "the ratio postroom would reach if its Python took no time, i.e. the most that "
-            "optimizing Python can give with these statements, transactions and schema. Each "
-            "scenario starts from empty databases, which grow by every round's tasks; the "
-            "rounds above are in order, so a trend in them is the cost of a growing store.",
-            "",
-            "| measurement | commits per task | share of time in the database | "
-            "ratio if Python took no time | tasks in the store at the end |",
-            "|---|---:|---:|---:|---:|",
-        ]
-        for row in split:
-            details = row["details"]
-            lines.append(f"| {row['label']} | {details['commits_per_task']:g} | "
-                         f"{details['database_share']:.0%} | "
-                         f"{details['ratio_if_python_were_free']:.3f} | "
-                         f"{details['tasks_in_store_at_end']:,} |")
+            "is postroom's Python. The ratio if Python took no time divides the ratio by the "
+            "database's share: the most that optimizing Python can give with these "
+            "statements, transactions and schema. Each scenario starts from empty databases, "
+            "which grow by every round's tasks; the rounds above are in order, so a trend in "
+            "them is the cost of a growing store.",
+            ["measurement", "commits per task", "share of time in the database",
+             "ratio if Python took no time", "tasks in the store at the end"],
+            [[row["label"], f"{row['details']['commits_per_task']:g}",
+              f"{row['details']['database_share']:.0%}",
+              f"{row['details']['ratio_if_python_were_free']:.3f}",
+              f"{row['details']['tasks_in_store_at_end']:,}"] for row in split])
     plans = [row for row in report["measurements"] if "claim_plans" in row["details"]]
     if plans:
         largest = max(plans, key=lambda row: row["details"]["backlog"])
@@ -129,9 +110,20 @@ def write(report: dict[str, Any], path: Path) -> None:
     path.write_text(render(report), "utf-8")
 
 
+def _section(title: str, text: str, header: list[str], rows: list[list[str]]) -> list[str]:
+    """A titled Markdown table: the first column left-aligned, the others right-aligned."""
+    lines = ["", f"## {title}", ""]
+    if text:
+        lines += [text, ""]
+    lines.append("| " + " | ".join(header) + " |")
+    lines.append("|---|" + "---:|" * (len(header) - 1))
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
 def _load(values: list[float]) -> str:
     return ", ".join(f"{value:.2f}" for value in values)
 
 
 def _sizes(sizes: dict[str, Any]) -> list[str]:
-    return [f"{name} = {value!r}" for name, value in sizes.items()]
+    return [f"{name} = {json.dumps(value)}" for name, value in sizes.items()]
