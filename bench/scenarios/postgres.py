@@ -32,9 +32,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench.context import BenchError, Context, Measurement, Rounds
-
 import postroom
+from bench.context import BenchError, Context, Measurement, Rounds
 from postroom.audit import audit_database
 
 __all__ = ["PostgresTarget", "run_claim", "run_end_to_end", "run_latency"]

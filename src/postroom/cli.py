@@ -113,6 +113,46 @@ def drain(url: str, receiver_url: str | None, **options: Any) -> None:
         sys.exit(1)
 
 
+@main.command()
+@click.option("--quick", is_flag=True,
+              help="Small sizes, a few seconds: a smoke run, not figures to publish.")
+@click.option("--only", multiple=True, type=click.Choice(["claim", "single", "batched"]),
+              help="Run only this scenario (repeatable); the raw baseline always runs.")
+@click.option("--dir", "folder", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              default=None, help="Where the temporary databases go (on disk, not tmpfs; "
+                                 "default /var/tmp).")
+@click.option("--results", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the Markdown report here (a full run of every scenario writes "
+                   "bench/RESULTS.md unless told otherwise).")
+def bench(quick: bool, only: tuple[str, ...], folder: Path | None,
+          results: Path | None) -> None:
+    """Measure postroom against a raw SQLite commit loop and judge the performance bars.
+
+    Prints the report as JSON on stdout (progress goes to stderr). Every figure is also a
+    ratio to the raw loop measured in the same run: WAL, synchronous=FULL, one row per
+    BEGIN IMMEDIATE transaction, on the same file system.
+    """
+    from bench import report
+    from bench.context import FULL, QUICK
+    from bench.runner import default_folder, run_bench
+
+    words = ["postroom bench", *(["--quick"] if quick else []),
+             *(f"--only {name}" for name in only)]
+    try:
+        outcome = run_bench(sizes=QUICK if quick else FULL, mode="quick" if quick else "full",
+                            folder=folder if folder is not None else default_folder(),
+                            only=only, command=" ".join(words),
+                            progress=lambda line: click.echo(line, err=True))
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    if results is None and not quick and not only:
+        results = report.RESULTS
+    if results is not None:
+        report.write(outcome, results)
+        click.echo(f"wrote {results}", err=True)
+    click.echo(json.dumps(outcome, indent=2))
+
+
 @main.command("random-audit")
 @click.option("--seeds", default=50, show_default=True, type=click.IntRange(min=0),
               help="Seeds to run; each is a fresh store and receiver.")

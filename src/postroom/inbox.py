@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from postroom import transitions
@@ -14,7 +15,8 @@ from postroom.transitions import ReplyContent, TaskDecision
 from postroom.validation import CheckedEnvelope, check_envelope, check_int, check_text
 
 __all__ = ["RECEIVE", "RECEIVE_ATOMIC", "Parent", "authorize", "check", "check_follow_up",
-           "check_position", "insert_reply", "principal_of", "store_message", "watermark"]
+           "check_position", "insert_replies", "insert_reply", "principal_of", "store_all",
+           "store_message", "watermark"]
 
 RECEIVE = Operation("receive")
 RECEIVE_ATOMIC = Operation("receive_atomic")
@@ -102,9 +104,7 @@ def store_message(tx: Tx, settings: Settings, checked: CheckedEnvelope,
     A repeat of a stored identity with the same fingerprint is a duplicate and writes
     nothing; with a different fingerprint it is a ``PayloadCollision``.
     """
-    inserted = tx.one("inbox_insert", task_id=checked.task_id, principal=checked.principal,
-                      message_id=checked.message_id, fingerprint=checked.fingerprint,
-                      envelope=checked.envelope, now=tx.now)
+    inserted = tx.one("inbox_insert", **_inbox(checked, tx.now))
     if inserted is None:
         stored = tx.one("inbox_fingerprint", task_id=checked.task_id)
         if stored is None or stored["fingerprint"] != checked.fingerprint:
@@ -114,36 +114,68 @@ def store_message(tx: Tx, settings: Settings, checked: CheckedEnvelope,
                 f"{stored['fingerprint'] if stored else '?'}, this one is {checked.fingerprint}")
         duplicate = True
     else:
-        decision = transitions.initial_state(
-            checked.task_id, deadline=checked.deadline, hops=checked.hops,
-            max_hops=settings.max_hops, now=tx.now)
-        _insert_task(tx, settings, checked, decision)
+        _insert_tasks(tx, settings, [checked])
         duplicate = False
     if position is not None:
         _record_position(tx, checked, position)
     return Ack(task_id=checked.task_id, duplicate=duplicate)
 
 
-def _insert_task(tx: Tx, settings: Settings, checked: CheckedEnvelope,
-                 decision: TaskDecision) -> None:
-    tx.run("task_insert", task_id=checked.task_id, principal=checked.principal,
-           message_id=checked.message_id, queue=checked.queue, state=decision.to_state.value,
-           payload=checked.payload, deadline=checked.deadline,
-           max_attempts=checked.max_attempts, hops=checked.hops,
-           parent_task_id=checked.parent_task_id, correlation_id=checked.correlation_id,
-           result=decision.result, last_error=decision.last_error, now=tx.now)
-    if decision.reply is not None:
-        insert_reply(tx, settings, checked.task_id, decision.reply)
-    elif decision.to_state is TaskState.PENDING:
-        tx.notify(checked.queue)
+def store_all(tx: Tx, settings: Settings, items: Sequence[CheckedEnvelope]) -> list[Ack]:
+    """``store_message`` for a batch of new messages, one statement per table.
+
+    Raises ``NotAllApplied`` if any identity is already stored (or given twice):
+    ``store_message`` item by item then tells duplicates from collisions.
+    """
+    tx.run_all("inbox_insert", [_inbox(checked, tx.now) for checked in items])
+    _insert_tasks(tx, settings, items)
+    return [Ack(task_id=checked.task_id, duplicate=False) for checked in items]
+
+
+def _inbox(checked: CheckedEnvelope, now: float) -> dict[str, object]:
+    return {"task_id": checked.task_id, "principal": checked.principal,
+            "message_id": checked.message_id, "fingerprint": checked.fingerprint,
+            "envelope": checked.envelope, "now": now}
+
+
+def _task(checked: CheckedEnvelope, decision: TaskDecision, now: float) -> dict[str, object]:
+    return {"task_id": checked.task_id, "principal": checked.principal,
+            "message_id": checked.message_id, "queue": checked.queue,
+            "state": decision.to_state.value, "payload": checked.payload,
+            "deadline": checked.deadline, "max_attempts": checked.max_attempts,
+            "hops": checked.hops, "parent_task_id": checked.parent_task_id,
+            "correlation_id": checked.correlation_id, "result": decision.result,
+            "last_error": decision.last_error, "now": now}
+
+
+def _insert_tasks(tx: Tx, settings: Settings, items: Sequence[CheckedEnvelope]) -> None:
+    """Create the tasks of newly stored messages, with the replies of born-terminal ones."""
+    now = tx.now
+    decided = [(checked, transitions.initial_state(
+        checked.task_id, deadline=checked.deadline, hops=checked.hops,
+        max_hops=settings.max_hops, now=now)) for checked in items]
+    tx.run_many("task_insert", [_task(checked, decision, now) for checked, decision in decided])
+    insert_replies(tx, settings, [(checked.task_id, decision.reply)
+                                  for checked, decision in decided if decision.reply])
+    for queue in dict.fromkeys(checked.queue for checked, decision in decided
+                               if decision.to_state is TaskState.PENDING):
+        tx.notify(queue)
 
 
 def insert_reply(tx: Tx, settings: Settings, task_id: str, reply: ReplyContent) -> None:
     """Write the reply of a task that just became terminal."""
-    tx.run("reply_insert", reply_id=reply.reply_id, task_id=task_id, status=reply.status.value,
-           body=reply.body, fingerprint=reply.fingerprint, budget=settings.delivery_budget,
-           now=tx.now)
-    tx.notify(REPLIES_CHANNEL)
+    insert_replies(tx, settings, [(task_id, reply)])
+
+
+def insert_replies(tx: Tx, settings: Settings,
+                   replies: Sequence[tuple[str, ReplyContent]]) -> None:
+    """Write the replies of tasks that just became terminal (``(task_id, reply)`` pairs)."""
+    if replies:
+        tx.run_many("reply_insert", [
+            {"reply_id": reply.reply_id, "task_id": task_id, "status": reply.status.value,
+             "body": reply.body, "fingerprint": reply.fingerprint,
+             "budget": settings.delivery_budget, "now": tx.now} for task_id, reply in replies])
+        tx.notify(REPLIES_CHANNEL)
 
 
 def _record_position(tx: Tx, checked: CheckedEnvelope, position: Position) -> None:

@@ -11,6 +11,7 @@ Delivery has two commits of its own around the receiver's, each with fault point
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from postroom import faults, transitions
 from postroom.errors import Fenced, NotFound
@@ -28,6 +29,7 @@ __all__ = [
     "REQUEUE",
     "claim_replies",
     "record",
+    "record_all",
     "requeue",
     "sweep_replies",
 ]
@@ -43,11 +45,16 @@ AFTER_REMOTE_COMMIT = faults.point(
     "the receiver committed the reply; its ACK has not reached the dispatcher").name
 
 
+def _params(reply_id: str, decision: ReplyDecision, *, fence: int,
+            now: float) -> dict[str, Any]:
+    return {"reply_id": reply_id, "fence": fence, "to_state": decision.to_state.value,
+            "available_at": decision.available_at, "last_error": decision.last_error,
+            "sent_at": decision.sent_at, "now": now}
+
+
 def _apply(tx: Tx, reply_id: str, decision: ReplyDecision, *, fence: int,
            from_state: ReplyState | None = None, owner: str | None = None) -> bool:
-    params = {"reply_id": reply_id, "fence": fence, "to_state": decision.to_state.value,
-              "available_at": decision.available_at, "last_error": decision.last_error,
-              "sent_at": decision.sent_at, "now": tx.now}
+    params = _params(reply_id, decision, fence=fence, now=tx.now)
     if owner is not None:
         return tx.run("reply_apply_owned", claim_owner=owner, **params) > 0
     assert from_state is not None
@@ -94,6 +101,23 @@ def record(tx: Tx, claim: ReplyClaim, outcome: Outcome, *, delay: float) -> Repl
                      f"the reply is {state}, held by {holder}; this claim is "
                      f"{claim.owner!r} with fence {claim.fence}")
     return decision.to_state
+
+
+def record_all(tx: Tx, items: Sequence[tuple[ReplyClaim, Outcome, float]]) -> list[ReplyState]:
+    """``record`` many outcomes (each with its retry delay) in one statement.
+
+    Raises ``NotAllApplied`` if any claim is no longer its publisher's: ``record`` item by
+    item then tells which are fenced.
+    """
+    now = tx.now
+    decisions = [transitions.delivery(outcome.kind, detail=outcome.detail,
+                                      attempt=claim.attempt, budget=claim.budget, now=now,
+                                      delay=delay) for claim, outcome, delay in items]
+    tx.run_all("reply_apply_owned", [
+        _params(claim.reply_id, decision, fence=claim.fence, now=now) | {
+            "claim_owner": claim.owner}
+        for (claim, _, _), decision in zip(items, decisions, strict=True)])
+    return [decision.to_state for decision in decisions]
 
 
 def requeue(tx: Tx, reply_id: str, *, operator: str, reason: str) -> None:

@@ -66,19 +66,15 @@ class Receiver:
         document = _parse(reply)
         if isinstance(document, Outcome):
             return document
-        content = fingerprint(reply.body)  # computed here: the sender's word is not evidence
-        if tx.one("receipt_insert", reply_id=reply.reply_id, fingerprint=content,
-                  body=reply.body, now=tx.now) is None:
+        receipt = _receipt(reply, tx.now)
+        if tx.one("receipt_insert", **receipt) is None:
             stored = tx.one("receipt_get", reply_id=reply.reply_id)
-            if stored is not None and stored["fingerprint"] == content:
+            if stored is not None and stored["fingerprint"] == receipt["fingerprint"]:
                 return Outcome.delivered(duplicate=True)
             return Outcome.collision(f"stored fingerprint "
                                      f"{stored['fingerprint'] if stored else '?'}, "
-                                     f"received {content}")
-        result = document.get("result")
-        tx.run("effect_insert", reply_id=reply.reply_id, task_id=document["task_id"],
-               status=document["status"], now=tx.now,
-               result=None if result is None else canonical_json(result))
+                                     f"received {receipt['fingerprint']}")
+        tx.run("effect_insert", **_effect(reply, document, tx.now))
         if self._effect is not None:
             self._effect(tx, document)
         return Outcome.delivered()
@@ -115,6 +111,19 @@ class Receiver:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _receipt(reply: Outgoing, now: float) -> dict[str, Any]:
+    # The fingerprint is computed here: the sender's word is not evidence.
+    return {"reply_id": reply.reply_id, "fingerprint": fingerprint(reply.body),
+            "body": reply.body, "now": now}
+
+
+def _effect(reply: Outgoing, document: dict[str, Any], now: float) -> dict[str, Any]:
+    result = document.get("result")
+    return {"reply_id": reply.reply_id, "task_id": document["task_id"],
+            "status": document["status"], "now": now,
+            "result": None if result is None else canonical_json(result)}
 
 
 def _parse(reply: Outgoing) -> dict[str, Any] | Outcome:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from postroom import transitions
 from postroom.errors import Fenced, NotFound
@@ -32,6 +33,7 @@ __all__ = [
     "claim",
     "fail",
     "finish",
+    "finish_all",
     "renew",
     "sweep",
 ]
@@ -72,12 +74,16 @@ def apply(tx: Tx, settings: Settings, task_id: str, decision: TaskDecision, *,
     return True
 
 
+def _owned(claim: Claim, decision: TaskDecision, now: float) -> dict[str, Any]:
+    """Parameters of ``task_apply_owned``: apply ``decision`` while ``claim`` is current."""
+    return {"task_id": claim.task_id, "claim_owner": claim.owner, "fence": claim.fence,
+            "to_state": decision.to_state.value, "owner": None, "lease_until": None,
+            "available_at": decision.available_at, "result": decision.result,
+            "last_error": decision.last_error, "now": now}
+
+
 def _apply_owned(tx: Tx, settings: Settings, claim: Claim, decision: TaskDecision) -> None:
-    changed = tx.run("task_apply_owned", task_id=claim.task_id, claim_owner=claim.owner,
-                     fence=claim.fence, to_state=decision.to_state.value, owner=None,
-                     lease_until=None, available_at=decision.available_at,
-                     result=decision.result, last_error=decision.last_error, now=tx.now)
-    if not changed:
+    if not tx.run("task_apply_owned", **_owned(claim, decision, tx.now)):
         raise fenced(tx, claim)
     _after(tx, settings, claim.task_id, decision)
 
@@ -175,6 +181,21 @@ def finish(tx: Tx, settings: Settings, claim: Claim, *, result_json: str,
     _apply_owned(tx, settings, claim, decision)
     for follow_up in follow_ups:
         store_message(tx, settings, follow_up)
+
+
+def finish_all(tx: Tx, settings: Settings, items: Sequence[tuple[Claim, str]]) -> None:
+    """``finish`` many claims (with their canonical results), one guarded statement for all.
+
+    Raises ``NotAllApplied`` if any claim is not current (nothing of the batch may stay):
+    ``finish`` item by item then names it.
+    """
+    now = tx.now
+    decisions = [(claim, transitions.finish(claim.task_id, result_json=result, now=now))
+                 for claim, result in items]
+    tx.run_all("task_apply_owned", [_owned(claim, decision, now)
+                                    for claim, decision in decisions])
+    for claim, decision in decisions:
+        _after(tx, settings, claim.task_id, decision)
 
 
 def fail(tx: Tx, settings: Settings, claim: Claim, *, reason: str, retryable: bool,

@@ -154,6 +154,23 @@ def test_a_duplicate_inside_an_atomic_batch_is_acked_as_a_duplicate(store, auth)
     assert [a.duplicate for a in acks] == [False, True]
 
 
+def test_an_atomic_batch_acks_a_stored_message_as_a_duplicate_and_stores_the_rest(store, auth):
+    store.receive(auth, envelope("m-2"))
+    acks = store.receive_atomic(auth, [envelope(f"m-{i}") for i in range(1, 4)])
+    assert [a.duplicate for a in acks] == [False, True, False]
+    assert count_tasks(store) == 3
+
+
+def test_an_atomic_batch_stores_born_terminal_messages_with_their_replies(store, auth, clock):
+    acks = store.receive_atomic(auth, [envelope("late", deadline=clock.now()),
+                                       envelope("far", hops=store.settings.max_hops),
+                                       envelope("ok")])
+    states = [store.task(ack.task_id).state for ack in acks]
+    assert states == [postroom.TaskState.EXPIRED, postroom.TaskState.HOP_LIMIT,
+                      postroom.TaskState.PENDING]
+    assert [store.reply(ack.task_id) is not None for ack in acks] == [True, True, False]
+
+
 def test_the_watermark_never_passes_a_missing_position(store, auth):
     def put(seq: int) -> None:
         store.receive(auth, envelope(f"s-{seq}"),

@@ -119,6 +119,22 @@ def test_a_stale_publisher_is_fenced(store, done_task, clock):
     assert store.record_delivery(current, Outcome.delivered()) == ReplyState.SENT
 
 
+def test_record_deliveries_reports_a_stale_claim_and_records_the_others(store, auth, clock):
+    store.receive_atomic(auth, [envelope(f"m-{i}") for i in range(3)])
+    store.finish_batch([(claim, None) for claim in store.claim_batch("w", 3)])
+    stale = store.claim_replies("p1")[0]
+    clock.advance(store.settings.dispatch_lease)
+    current = store.claim_replies("p2", limit=3)
+    report = store.record_deliveries([(current[0], Outcome.delivered()),
+                                      (stale, Outcome.delivered()),
+                                      (current[1], Outcome.transient("timeout")),
+                                      (current[2], Outcome.delivered())])
+    assert (report.claimed, report.sent, report.retrying) == (4, 2, 1)
+    assert report.fenced == [stale.reply_id]
+    states = [store.reply(claim.task_id).state for claim in current]
+    assert states == [ReplyState.SENT, ReplyState.PENDING, ReplyState.SENT]
+
+
 def test_an_expired_sending_lease_returns_the_reply_to_pending(store, done_task, clock):
     store.claim_replies("p1")
     clock.advance(store.settings.dispatch_lease)
@@ -208,3 +224,30 @@ def test_a_receiver_refuses_a_reply_id_that_does_not_match_its_body(receiver):
     with pytest.raises(postroom.InvalidInput, match="task_id"):
         receiver.accept("reply:other", '{"kind":"result","result":1,"status":"done",'
                                        '"task_id":"t"}')
+
+
+def _outgoing(task_id: str, result: object) -> postroom.Outgoing:
+    body = f'{{"kind":"result","result":{result},"status":"done","task_id":"{task_id}"}}'
+    return postroom.Outgoing(reply_id=f"reply:{task_id}", body=body, fingerprint="")
+
+
+def test_a_receiver_batch_of_new_replies_has_one_effect_each_in_order(make_url):
+    seen = []
+    with postroom.Receiver.open(make_url("receiver"),
+                                effect=lambda tx, document: seen.append(document)) as receiver:
+        outcomes = receiver.accept_batch([_outgoing(t, 1) for t in ("a", "b", "c")])
+        assert [outcome.kind for outcome in outcomes] == ["delivered"] * 3
+        assert [document["task_id"] for document in seen] == ["a", "b", "c"]
+        assert receiver.effects_total() == 3
+
+
+def test_a_receiver_batch_tells_new_duplicate_collision_and_malformed_apart(receiver):
+    receiver.accept_batch([_outgoing("dup", 1), _outgoing("clash", 1)])
+    outcomes = receiver.accept_batch([
+        _outgoing("new", 1), _outgoing("dup", 1), _outgoing("clash", 2),
+        postroom.Outgoing(reply_id="reply:bad", body="not json", fingerprint=""),
+        _outgoing("new", 1)])
+    assert [(o.kind, o.duplicate) for o in outcomes] == [
+        ("delivered", False), ("delivered", True), ("collision", False),
+        ("permanent", False), ("delivered", True)]
+    assert receiver.effects_total() == 3

@@ -131,6 +131,34 @@ def test_a_finished_claim_cannot_finish_twice(store, task_id):
     assert store.task(task_id).result == 1
 
 
+def test_finish_batch_finishes_every_claim_with_its_own_result_and_reply(store, auth):
+    store.receive_atomic(auth, [envelope(f"m-{i}") for i in range(3)])
+    claims = store.claim_batch("w", 3)
+    store.finish_batch([(claim, {"i": i}) for i, claim in enumerate(claims)])
+    for i, claim in enumerate(claims):
+        assert store.task(claim.task_id).result == {"i": i}
+        assert store.reply(claim.task_id).document["result"] == {"i": i}
+
+
+def test_finish_batch_with_one_stale_claim_finishes_none_and_names_it(store, auth, clock):
+    store.receive_atomic(auth, [envelope(f"m-{i}") for i in range(3)])
+    stale = store.claim("w1")
+    clock.advance(store.settings.lease)
+    current = store.claim_batch("w2", 3)
+    with pytest.raises(postroom.Fenced, match=f"task {stale.task_id}.*fence 2"):
+        store.finish_batch([(current[1], 1), (stale, 2), (current[2], 3)])
+    for claim in current:
+        assert store.task(claim.task_id).state == TaskState.RUNNING
+        assert store.reply(claim.task_id) is None
+
+
+def test_finish_batch_naming_a_claim_twice_finishes_none(store, task_id):
+    claim = store.claim("w1")
+    with pytest.raises(postroom.Fenced, match="done"):
+        store.finish_batch([(claim, 1), (claim, 2)])
+    assert store.task(task_id).state == TaskState.RUNNING
+
+
 def test_renew_extends_the_lease(store, task_id, clock):
     claim = store.claim("w1")
     clock.advance(20)

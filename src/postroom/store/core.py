@@ -134,9 +134,15 @@ class Store:
                     _indexed(index, inbox.check_position, self._settings, position))
                    for index, (envelope, position) in enumerate(zip(envelopes, places,
                                                                     strict=True))]
-        return self._db.run(inbox.RECEIVE_ATOMIC, lambda tx: [
-            inbox.store_message(tx, self._settings, item, position)
-            for item, position in checked])
+
+        def each(tx: Tx) -> list[Ack]:
+            return [inbox.store_message(tx, self._settings, item, position)
+                    for item, position in checked]
+
+        if any(position is not None for _, position in checked):
+            return self._db.run(inbox.RECEIVE_ATOMIC, each)
+        return self._db.run_batch(inbox.RECEIVE_ATOMIC, lambda tx: inbox.store_all(
+            tx, self._settings, [item for item, _ in checked]), each)
 
     def watermark(self, auth: AuthContext, stream: str) -> int:
         """The highest ``seq`` of ``stream`` such that every lower one is stored (0: none)."""
@@ -191,11 +197,12 @@ class Store:
                                      limits=self._settings.limits, require_object=False))
                     for index, (claim, result) in enumerate(items)]
 
-        def work(tx: Tx) -> None:
+        def each(tx: Tx) -> None:
             for claim, result_json in prepared:
                 tasks.finish(tx, self._settings, claim, result_json=result_json, follow_ups=())
 
-        self._db.run(tasks.FINISH, work)
+        self._db.run_batch(tasks.FINISH,
+                           lambda tx: tasks.finish_all(tx, self._settings, prepared), each)
 
     def fail(self, claim: Claim, reason: str, *, retryable: bool = True) -> TaskState:
         """Report a failure; returns ``pending`` (retry after backoff) or ``failed``."""
@@ -274,22 +281,28 @@ class Store:
 
     def record_deliveries(self, pairs: Iterable[tuple[ReplyClaim, Outcome]]) -> DispatchReport:
         """Record several outcomes in one transaction; fenced ones are reported, not raised."""
-        pairs = list(pairs)
-        delays = [self._settings.delivery_backoff.delay(claim.attempt, self._rng)
-                  for claim, _ in pairs]
+        items = [(claim, outcome, self._settings.delivery_backoff.delay(claim.attempt,
+                                                                        self._rng))
+                 for claim, outcome in pairs]
 
-        def work(tx: Tx) -> tuple[dict[ReplyState, int], list[str]]:
+        def bulk(tx: Tx) -> tuple[dict[ReplyState, int], list[str]]:
+            counts = dict.fromkeys(ReplyState, 0)
+            for state in outbox.record_all(tx, items):
+                counts[state] += 1
+            return counts, []
+
+        def each(tx: Tx) -> tuple[dict[ReplyState, int], list[str]]:
             counts = dict.fromkeys(ReplyState, 0)
             fenced: list[str] = []
-            for (claim, outcome), delay in zip(pairs, delays, strict=True):
+            for claim, outcome, delay in items:
                 try:
                     counts[outbox.record(tx, claim, outcome, delay=delay)] += 1
                 except Fenced:
                     fenced.append(claim.reply_id)
             return counts, fenced
 
-        counts, fenced = self._db.run(outbox.DISPATCH_RECORD, work)
-        return DispatchReport(claimed=len(pairs), sent=counts[ReplyState.SENT],
+        counts, fenced = self._db.run_batch(outbox.DISPATCH_RECORD, bulk, each)
+        return DispatchReport(claimed=len(items), sent=counts[ReplyState.SENT],
                               retrying=counts[ReplyState.PENDING],
                               dead=counts[ReplyState.DEAD], fenced=fenced)
 

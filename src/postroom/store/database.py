@@ -24,9 +24,17 @@ from postroom.errors import PostroomError, SchemaError, StoreUnavailable
 from postroom.store.dialect import Dialect, Row
 from postroom.store.queries import QuerySet
 
-__all__ = ["Database", "Operation", "Tx"]
+__all__ = ["Database", "NotAllApplied", "Operation", "Tx"]
 
 T = TypeVar("T")
+
+
+class NotAllApplied(Exception):
+    """A statement run for a whole batch changed fewer rows than it was given.
+
+    Raised inside the transaction, so that it rolls back; ``Database.run_batch`` then does
+    the batch again item by item, which decides and explains each item as one call would.
+    """
 
 
 class Operation:
@@ -95,14 +103,24 @@ class Tx:
             self.wrote = True
         return int(count)
 
-    def run_many(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
-        """Run query ``name`` once per parameter set."""
+    def run_many(self, name: str, rows: Sequence[Mapping[str, Any]]) -> int:
+        """Run query ``name`` once per parameter set; return how many rows they changed."""
         if not rows:
-            return
+            return 0
         query = self._queries[name]
-        self._dialect.executemany(self._conn, query.sql, rows)
-        if query.writes:
+        count = self._dialect.executemany(self._conn, query.sql, rows)
+        if query.writes and count > 0:
             self.wrote = True
+        return count
+
+    def run_all(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Run query ``name`` once per parameter set, each of which must change one row.
+
+        Raises ``NotAllApplied`` if one did not (a guarded statement found its record in
+        another state, an insert found the identity already stored).
+        """
+        if self.run_many(name, rows) != len(rows):
+            raise NotAllApplied(name)
 
     def execute(self, sql: str, params: Mapping[str, Any] | Sequence[Any] = ()) -> Any:
         """Run raw SQL in this transaction (for a receiver's own business effect).
@@ -180,6 +198,19 @@ class Database:
                     raise
                 attempt += 1
                 time.sleep(delay)
+
+    def run_batch(self, op: Operation, bulk: Callable[[Tx], T], each: Callable[[Tx], T]) -> T:
+        """Do a batch with ``bulk`` (a few statements for all items) or, failing that, ``each``.
+
+        ``bulk`` raises ``NotAllApplied`` when a statement did not apply to every item, and
+        its transaction rolls back; ``each`` then does the same work item by item in a new
+        transaction, with the exact decisions and explanations of the single-item calls.
+        Both must have the same effect when every item applies.
+        """
+        try:
+            return self.run(op, bulk)
+        except NotAllApplied:
+            return self.run(op, each)
 
     @contextmanager
     def read(self) -> Iterator[Tx]:

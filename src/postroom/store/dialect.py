@@ -79,8 +79,8 @@ class Dialect(ABC):
         """Execute one statement and return the driver's cursor."""
 
     @abstractmethod
-    def executemany(self, conn: Any, sql: str, rows: Sequence[Mapping[str, Any]]) -> None:
-        """Execute one statement for many parameter sets."""
+    def executemany(self, conn: Any, sql: str, rows: Sequence[Mapping[str, Any]]) -> int:
+        """Execute one statement for many parameter sets; return how many rows they changed."""
 
     @abstractmethod
     def execute_script(self, conn: Any, script: str) -> None:

@@ -154,6 +154,8 @@ class PostgresDialect(Dialect):
     fragments: ClassVar[Mapping[str, str]] = {
         "skip_locked": "FOR UPDATE SKIP LOCKED",
         "for_update": "FOR UPDATE",
+        # SQLite's statement-journal workaround (see sqlite.py); PostgreSQL needs none.
+        "or_fail": "",
         "server_time": "CAST(extract(epoch FROM clock_timestamp()) AS DOUBLE PRECISION)",
     }
     driver_error: ClassVar[type[BaseException]] = psycopg.Error
@@ -327,10 +329,14 @@ class PostgresDialect(Dialect):
         """Execute one statement (parameters in psycopg's ``%(name)s`` / ``%s`` style)."""
         return conn.pg.execute(sql, params)
 
-    def executemany(self, conn: _Session, sql: str, rows: Sequence[Mapping[str, Any]]) -> None:
-        """Execute one statement for many parameter sets (pipelined by psycopg)."""
+    def executemany(self, conn: _Session, sql: str, rows: Sequence[Mapping[str, Any]]) -> int:
+        """Execute one statement for many parameter sets (pipelined by psycopg).
+
+        Returns how many rows they changed: psycopg sums ``rowcount`` over the executions.
+        """
         with conn.pg.cursor() as cursor:
             cursor.executemany(sql, rows)
+            return max(cursor.rowcount, 0)
 
     def execute_script(self, conn: _Session, script: str) -> None:
         """Run a schema script inside the open transaction (one simple-protocol message)."""

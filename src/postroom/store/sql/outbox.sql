@@ -27,6 +27,7 @@ LIMIT :limit
 
 -- name: claim_replies
 -- Pick up to :limit replies due for delivery, oldest first, and mark them sending.
+-- ({or_fail}: see the SQLite dialect; the transaction rolls back on any error anyway.)
 WITH picked AS (
     SELECT reply_id FROM replies
     WHERE state = 'pending' AND available_at <= :now
@@ -34,7 +35,7 @@ WITH picked AS (
     LIMIT :limit
     {skip_locked}
 )
-UPDATE replies
+UPDATE {or_fail} replies
 SET state = 'sending', owner = :owner, lease_until = :lease_until, fence = fence + 1,
     attempts = attempts + 1, updated_at = :now
 FROM picked

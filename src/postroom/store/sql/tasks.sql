@@ -78,6 +78,7 @@ LIMIT 1
 
 -- name: claim_tasks
 -- Pick up to :limit claimable tasks of one queue, oldest first, and make them running.
+-- ({or_fail}: see the SQLite dialect; the transaction rolls back on any error anyway.)
 WITH picked AS (
     SELECT task_id FROM tasks
     WHERE state = 'pending' AND queue = :queue AND available_at <= :now AND deadline > :now
@@ -85,7 +86,7 @@ WITH picked AS (
     LIMIT :limit
     {skip_locked}
 )
-UPDATE tasks
+UPDATE {or_fail} tasks
 SET state = 'running', owner = :owner, lease_until = :lease_until, fence = fence + 1,
     attempts = attempts + 1, updated_at = :now
 FROM picked

@@ -1,0 +1,129 @@
+"""The report as ``RESULTS.md``: the command, the machine, the figures, the bars."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RESULTS", "render", "write"]
+
+#: Where a full run writes its results by default.
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+
+
+def render(report: dict[str, Any]) -> str:
+    """Markdown for one run's report."""
+    info = report["machine"]
+    load = report["load_average"]
+    lines = [
+        "# postroom benchmark results",
+        "",
+        f"Written by `{report['command']}` ({report['mode']} run) on {report['started']}, "
+        f"in {report['elapsed_s']:.0f} s. Run the same command to reproduce and rewrite "
+        "this file.",
+        "",
+        "Every ratio divides a figure by the raw SQLite commit loop measured in the same run "
+        "(WAL, `synchronous=FULL`, one row per `BEGIN IMMEDIATE` transaction, on the same "
+        "file system). Baseline rounds sandwich every timed round; a round's ratio is its rate "
+        "over the mean of the two baseline rounds around it, and each figure shows the median "
+        "rate and the median ratio of its rounds (every round is in the JSON that "
+        "`postroom bench` prints). A bar between two figures divides their ratios.",
+        "",
+        "## Machine",
+        "",
+        f"- CPUs (`nproc`): {info['nproc']} ({info['cpu']})",
+        f"- {info['platform']}",
+        f"- Python {info['python']}, SQLite {info['sqlite']}, postroom {info['postroom']}"
+        + (f" at commit `{info['commit']}`" if info.get("commit") else ""),
+        f"- databases in `{info['folder']}` ({info['filesystem']})",
+        "- glibc malloc settings from the environment: "
+        + (", ".join(f"`{name}={value}`" for name, value in info["malloc_env"].items())
+           or "none (defaults)"),
+        f"- load average (1, 5, 15 min): {_load(load['before'])} before, "
+        f"{_load(load['after'])} after",
+    ]
+    lines += _section(
+        "Figures", "", ["measurement", "rate (median)", "ratio to raw commits/s (median)",
+                        "rounds"],
+        [[row["label"], f"{row['value']:,.0f} {row['unit']}",
+          "" if row["ratio_to_raw"] is None else f"{row['ratio_to_raw']:.3f}",
+          ", ".join(f"{value:,.0f}" for value in row["rounds"])]
+         for row in report["measurements"]])
+    lines += _section(
+        "Bars", "", ["bar", "measured", "required", "result"],
+        [[bar["text"], f"{bar['measured']:.3f}x", f">= {bar['required']}x",
+          "pass" if bar["passed"] else "FAIL"] for bar in report["bars"]])
+    cycles = [row for row in report["measurements"] if "us_per_task_in_commits" in row["details"]]
+    if cycles:
+        lines += _section(
+            "Where a claim+finish cycle's time goes",
+            "One extra round per backlog size, after the timed ones, clocks the time spent in "
+            "commits (and the fsyncs they wait for) and in the other statements; the rest is "
+            "postroom's Python. The statements' own cost is what a growing backlog could make "
+            "grow; the commits' cost is the disk's (and the write-back of checkpoints into a "
+            "larger file).",
+            ["backlog", "us in commits", "us in statements", "us in Python"],
+            [[f"{row['details']['backlog']:,}",
+              f"{row['details']['us_per_task_in_commits']:.0f}",
+              f"{row['details']['us_per_task_in_statements']:.0f}",
+              f"{row['details']['us_per_task_elsewhere']:.0f}"] for row in cycles])
+    split = [row for row in report["measurements"] if "database_share" in row["details"]]
+    if split:
+        lines += _section(
+            "Where an end-to-end task's time goes",
+            "One extra round per scenario, after the timed ones, clocks the time spent inside "
+            "the database driver (statements, commits and the fsyncs they wait for). The rest "
+            "is postroom's Python. The ratio if Python took no time divides the ratio by the "
+            "database's share: the most that optimizing Python can give with these "
+            "statements, transactions and schema. Each scenario starts from empty databases, "
+            "which grow by every round's tasks; the rounds above are in order, so a trend in "
+            "them is the cost of a growing store.",
+            ["measurement", "commits per task", "share of time in the database",
+             "ratio if Python took no time", "tasks in the store at the end"],
+            [[row["label"], f"{row['details']['commits_per_task']:g}",
+              f"{row['details']['database_share']:.0%}",
+              f"{row['details']['ratio_if_python_were_free']:.3f}",
+              f"{row['details']['tasks_in_store_at_end']:,}"] for row in split])
+    plans = [row for row in report["measurements"] if "claim_plans" in row["details"]]
+    if plans:
+        largest = max(plans, key=lambda row: row["details"]["backlog"])
+        lines += [
+            "",
+            f"## The claim's query plans at {largest['details']['backlog']:,} pending",
+            "",
+            "`EXPLAIN QUERY PLAN` of the statements of a claim transaction, read from the store "
+            "at that size (no `ANALYZE`, as a store runs): each walks the head of a partial "
+            "index, so a claim's cost does not depend on the backlog.",
+            "",
+            "```",
+        ]
+        for name, plan in largest["details"]["claim_plans"].items():
+            lines += [f"{name}:", *(f"  {line}" for line in plan)]
+        lines.append("```")
+    lines += ["", "## Sizes", "", "```", *_sizes(report["sizes"]), "```", ""]
+    return "\n".join(lines)
+
+
+def write(report: dict[str, Any], path: Path) -> None:
+    """Write ``render(report)`` to ``path``."""
+    path.write_text(render(report), "utf-8")
+
+
+def _section(title: str, text: str, header: list[str], rows: list[list[str]]) -> list[str]:
+    """A titled Markdown table: the first column left-aligned, the others right-aligned."""
+    lines = ["", f"## {title}", ""]
+    if text:
+        lines += [text, ""]
+    lines.append("| " + " | ".join(header) + " |")
+    lines.append("|---|" + "---:|" * (len(header) - 1))
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def _load(values: list[float]) -> str:
+    return ", ".join(f"{value:.2f}" for value in values)
+
+
+def _sizes(sizes: dict[str, Any]) -> list[str]:
+    return [f"{name} = {json.dumps(value)}" for name, value in sizes.items()]

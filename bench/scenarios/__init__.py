@@ -1,0 +1,1 @@
+"""One module per scenario; each ``run(ctx)`` returns its ``Measurement`` rows."""
