@@ -58,26 +58,46 @@ class Receiver:
         return ReceiverAck(reply_id=reply_id, duplicate=outcome.duplicate)
 
     def accept_batch(self, replies: Sequence[Outgoing]) -> list[Outcome]:
-        """Take several replies in one transaction; one outcome per reply, in order."""
-        return self._db.run(ACCEPT, lambda tx: [self._accept_one(tx, reply)
-                                                for reply in replies])
+        """Take several replies in one transaction; one outcome per reply, in order.
 
-    def _accept_one(self, tx: Tx, reply: Outgoing) -> Outcome:
-        document = _parse(reply)
-        if isinstance(document, Outcome):
-            return document
+        Effects apply in the batch's order.
+        """
+        return self._db.run(ACCEPT, lambda tx: self._accept_all(tx, replies))
+
+    def _accept_all(self, tx: Tx, replies: Sequence[Outgoing]) -> list[Outcome]:
+        outcomes: dict[int, Outcome] = {}
+        documents: dict[int, dict[str, Any]] = {}
+        # Receipts are inserted in reply_id order, so two dispatchers' overlapping batches
+        # take the receipts' key locks in one order (on PostgreSQL the second waits for the
+        # first instead of deadlocking). The sort is stable: of one id given twice, the
+        # first in the batch is the new one.
+        for index in sorted(range(len(replies)), key=lambda i: replies[i].reply_id):
+            reply = replies[index]
+            document = _parse(reply)
+            if isinstance(document, Outcome):
+                outcomes[index] = document
+            elif (refused := self._record(tx, reply)) is not None:
+                outcomes[index] = refused
+            else:
+                documents[index] = document
+        for index, document in sorted(documents.items()):
+            tx.run("effect_insert", **_effect(replies[index], document, tx.now))
+            if self._effect is not None:
+                self._effect(tx, document)
+            outcomes[index] = Outcome.delivered()
+        return [outcomes[index] for index in range(len(replies))]
+
+    def _record(self, tx: Tx, reply: Outgoing) -> Outcome | None:
+        """Insert the receipt: ``None`` if it is new, else the duplicate or the collision."""
         receipt = _receipt(reply, tx.now)
-        if tx.one("receipt_insert", **receipt) is None:
-            stored = tx.one("receipt_get", reply_id=reply.reply_id)
-            if stored is not None and stored["fingerprint"] == receipt["fingerprint"]:
-                return Outcome.delivered(duplicate=True)
-            return Outcome.collision(f"stored fingerprint "
-                                     f"{stored['fingerprint'] if stored else '?'}, "
-                                     f"received {receipt['fingerprint']}")
-        tx.run("effect_insert", **_effect(reply, document, tx.now))
-        if self._effect is not None:
-            self._effect(tx, document)
-        return Outcome.delivered()
+        if tx.one("receipt_insert", **receipt) is not None:
+            return None
+        stored = tx.one("receipt_get", reply_id=reply.reply_id)
+        if stored is not None and stored["fingerprint"] == receipt["fingerprint"]:
+            return Outcome.delivered(duplicate=True)
+        return Outcome.collision(f"stored fingerprint "
+                                 f"{stored['fingerprint'] if stored else '?'}, "
+                                 f"received {receipt['fingerprint']}")
 
     def receipt(self, reply_id: str) -> dict[str, Any] | None:
         """The stored receipt of ``reply_id``, or ``None``."""

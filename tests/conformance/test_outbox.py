@@ -241,6 +241,21 @@ def test_a_receiver_batch_of_new_replies_has_one_effect_each_in_order(make_url):
         assert receiver.effects_total() == 3
 
 
+def test_a_receiver_batch_records_receipts_in_reply_id_order_and_effects_in_batch_order(
+        make_url):
+    # Overlapping batches of two dispatchers then lock the same keys in the same order.
+    seen = []
+    with postroom.Receiver.open(make_url("receiver"),
+                                effect=lambda tx, document: seen.append(document)) as receiver:
+        receiver.accept_batch([_outgoing(t, 1) for t in ("c", "a", "b")])
+        physical = "ctid" if receiver.database.dialect.name == "postgres" else "rowid"
+        with receiver.database.read() as tx:
+            stored = [row["reply_id"] for row in tx.execute(
+                f"SELECT reply_id FROM receiver_receipts ORDER BY {physical}")]
+    assert stored == ["reply:a", "reply:b", "reply:c"]
+    assert [document["task_id"] for document in seen] == ["c", "a", "b"]
+
+
 def test_a_receiver_batch_tells_new_duplicate_collision_and_malformed_apart(receiver):
     receiver.accept_batch([_outgoing("dup", 1), _outgoing("clash", 1)])
     outcomes = receiver.accept_batch([
