@@ -14,7 +14,24 @@ from postroom.audit import audit_url
 __all__ = ["main"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """A postroom error ends a command with one line on stderr and exit code 2.
+
+    (Exit code 1 stays the answer "ran, and found something wrong", e.g. from ``audit``.)
+    """
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from postroom.errors import PostroomError
+
+        try:
+            return super().invoke(ctx)
+        except PostroomError as exc:
+            error = click.ClickException(f"{type(exc).__name__}: {exc}")
+            error.exit_code = 2
+            raise error from exc
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="postroom")
 def main() -> None:
     """postroom: durable coordination for multi-agent systems."""

@@ -57,6 +57,15 @@ def test_info_shows_the_retention_period(db_url):
     assert result.returncode == 0 and '"retention_seconds": 604800.0' in result.stdout
 
 
+def test_a_store_that_cannot_be_opened_is_one_line_and_exit_code_2(tmp_path):
+    result = run("info", f"sqlite:///{tmp_path / 'missing' / 'store.db'}")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"Error: StoreError: sqlite {tmp_path / 'missing' / 'store.db'}: "
+        "unable to open database file"]
+
+
 def test_every_command_is_documented_in_the_readme():
     from pathlib import Path
 

@@ -190,6 +190,13 @@ def test_driver_errors_are_translated_at_the_boundary(pg_store, error, expected)
     assert str(error) in str(translated)
 
 
+def test_a_store_that_cannot_connect_says_what_the_server_answered(pg_url):
+    missing = pg_url.split("?")[0].rsplit("/", 1)[0] + "/postroom_no_such_database"
+    with pytest.raises(postroom.StoreUnavailable,
+                       match='database "postroom_no_such_database" does not exist'):
+        PostgresDialect(missing, connect_timeout=1)
+
+
 def test_only_failures_that_committed_nothing_are_retried(pg_store):
     dialect = pg_store.database.dialect
     transient = postroom.StoreUnavailable("connection lost")

@@ -181,7 +181,8 @@ class PostgresDialect(Dialect):
         except PoolTimeout as exc:
             self._pool.close()
             raise StoreUnavailable(f"postgres: no connection to {_redacted(url)} within "
-                                   f"{connect_timeout:g}s") from exc
+                                   f"{connect_timeout:g}s{_refusal(url, connect_timeout)}"
+                                   ) from exc
         with self.connection() as session:
             schema = str(_one(self.execute(session, "SELECT current_schema() AS name",
                                            None))["name"])
@@ -500,6 +501,15 @@ def _session_lost(pg: psycopg.Connection[Any], exc: BaseException) -> bool:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _refusal(url: str, timeout: float) -> str:
+    """Why one direct connection fails (the pool only logs it), as ``": <reason>"``."""
+    try:
+        psycopg.connect(url, connect_timeout=max(1, int(timeout))).close()
+    except psycopg.Error as exc:
+        return f": {str(exc).strip()}"
+    return ""
 
 
 def _redacted(url: str) -> str:
