@@ -14,6 +14,10 @@ from postroom.audit import audit_url
 __all__ = ["main"]
 
 
+class _CannotRun(click.ClickException):
+    exit_code = 2
+
+
 class _Group(click.Group):
     """A postroom error ends a command with one line on stderr and exit code 2.
 
@@ -26,9 +30,7 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except PostroomError as exc:
-            error = click.ClickException(f"{type(exc).__name__}: {exc}")
-            error.exit_code = 2
-            raise error from exc
+            raise _CannotRun(f"{type(exc).__name__}: {exc}") from exc
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
