@@ -68,9 +68,11 @@ def render(report: dict[str, Any]) -> str:
             "no ratio.",
             ["measurement", "median", "ratio to raw SQLite commits/s (median)", "rounds"],
             [_figure(row) for row in postgres_rows])
-    lines += _section(
-        "Bars", "", ["bar", "measured", "required", "result"],
-        [_bar(bar) for bar in report["bars"]])
+    if report["bars"]:
+        lines += _section("Bars", "", ["bar", "measured", "required", "result"],
+                          [_bar(bar) for bar in report["bars"]])
+    else:
+        lines += ["", "## Bars", "", "No bar judges the scenarios of this run."]
     cycles = [row for row in report["measurements"] if "us_per_task_in_commits" in row["details"]]
     if cycles:
         lines += _section(
