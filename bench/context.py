@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from postroom.audit import audit_database
+from postroom.store import Database
+
 __all__ = [
     "FULL",
     "QUICK",
@@ -19,11 +22,20 @@ __all__ = [
     "SQLiteTarget",
     "Sizes",
     "Target",
+    "require_clean_audit",
 ]
 
 
 class BenchError(RuntimeError):
     """A scenario saw something wrong (a missing claim, an unclean audit): no figure."""
+
+
+def require_clean_audit(*databases: Database) -> None:
+    """Raise ``BenchError`` naming every violation ``postroom audit`` finds in ``databases``."""
+    for database in databases:
+        violations = audit_database(database)
+        if violations:
+            raise BenchError("audit: " + "; ".join(map(str, violations)))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,14 +55,22 @@ class Sizes:
     #: Tasks per batch, and batches per round, of the batched end-to-end scenario.
     batch_size: int
     batches: int
+    #: Waits opened before each round of the signal scenario, each answered in the round.
+    signals: int
+    #: Worker processes of the PostgreSQL claim+finish and end-to-end scenarios.
+    pg_workers: tuple[int, ...]
+    #: Tasks enqueued one at a time per round of the PostgreSQL latency scenario.
+    latency_tasks: int
     #: Messages per ``receive_atomic`` call when building a backlog (the store's maximum).
     build_batch: int = 10_000
 
 
 FULL = Sizes(raw_commits=1_000, rounds=7, backlogs=(1_000, 100_000, 1_000_000),
-             claim_cycles=500, single_tasks=300, batch_size=500, batches=4)
+             claim_cycles=500, single_tasks=300, batch_size=500, batches=4, signals=500,
+             pg_workers=(1, 4, 16), latency_tasks=300)
 QUICK = Sizes(raw_commits=100, rounds=2, backlogs=(100, 1_000, 3_000), claim_cycles=40,
-              single_tasks=20, batch_size=50, batches=2, build_batch=1_000)
+              single_tasks=20, batch_size=50, batches=2, signals=30, pg_workers=(1, 4),
+              latency_tasks=50, build_batch=1_000)
 
 
 class Target(Protocol):

@@ -28,7 +28,9 @@ def render(report: dict[str, Any]) -> str:
         "file system). Baseline rounds sandwich every timed round; a round's ratio is its rate "
         "over the mean of the two baseline rounds around it, and each figure shows the median "
         "rate and the median ratio of its rounds (every round is in the JSON that "
-        "`postroom bench` prints). A bar between two figures divides their ratios.",
+        "`postroom bench` prints). A bar between two figures divides their ratios, unless its "
+        "text says it divides their rates; a bar on one figure (a latency) compares its "
+        "median.",
         "",
         "## Machine",
         "",
@@ -43,17 +45,34 @@ def render(report: dict[str, Any]) -> str:
         f"- load average (1, 5, 15 min): {_load(load['before'])} before, "
         f"{_load(load['after'])} after",
     ]
-    lines += _section(
-        "Figures", "", ["measurement", "rate (median)", "ratio to raw commits/s (median)",
-                        "rounds"],
-        [[row["label"], f"{row['value']:,.0f} {row['unit']}",
-          "" if row["ratio_to_raw"] is None else f"{row['ratio_to_raw']:.3f}",
-          ", ".join(f"{value:,.0f}" for value in row["rounds"])]
-         for row in report["measurements"]])
-    lines += _section(
-        "Bars", "", ["bar", "measured", "required", "result"],
-        [[bar["text"], f"{bar['measured']:.3f}x", f">= {bar['required']}x",
-          "pass" if bar["passed"] else "FAIL"] for bar in report["bars"]])
+    server = report.get("postgres")
+    if server:
+        lines.append(f"- PostgreSQL {server['server_version']} at `{server['url']}` "
+                     f"(`fsync={server['fsync']}`, "
+                     f"`synchronous_commit={server['synchronous_commit']}`)")
+    rows = report["measurements"]
+    lines += _section("Figures", "", ["measurement", "rate (median)",
+                                      "ratio to raw commits/s (median)", "rounds"],
+                      [_figure(row) for row in rows if row["backend"] != "postgres"])
+    postgres_rows = [row for row in rows if row["backend"] == "postgres"]
+    if postgres_rows:
+        lines += _section(
+            "PostgreSQL",
+            "Worker processes, each with its own connections as on separate hosts, share one "
+            "PostgreSQL database; a round releases them together and ends when the last is "
+            "done. The server has its own disk, fsync settings and processes, so a ratio "
+            "to the raw SQLite loop (measured around each round, as above) is context, not a "
+            "like-for-like comparison. The latency runs from the `receive` call to the moment "
+            "an idle worker, woken by LISTEN/NOTIFY, has claimed the task: a round's p50 and "
+            "p99 are over its tasks, the figure is the median over rounds, and a latency has "
+            "no ratio.",
+            ["measurement", "median", "ratio to raw SQLite commits/s (median)", "rounds"],
+            [_figure(row) for row in postgres_rows])
+    if report["bars"]:
+        lines += _section("Bars", "", ["bar", "measured", "required", "result"],
+                          [_bar(bar) for bar in report["bars"]])
+    else:
+        lines += ["", "## Bars", "", "No bar judges the scenarios of this run."]
     cycles = [row for row in report["measurements"] if "us_per_task_in_commits" in row["details"]]
     if cycles:
         lines += _section(
@@ -119,6 +138,31 @@ def _section(title: str, text: str, header: list[str], rows: list[list[str]]) ->
     lines.append("|---|" + "---:|" * (len(header) - 1))
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return lines
+
+
+def _figure(row: dict[str, Any]) -> list[str]:
+    """A row of a figures table: label, median, ratio to raw (if any), every round."""
+    unit = row["unit"]
+    return [row["label"], f"{_number(row['value'], unit)} {unit}",
+            "" if row["ratio_to_raw"] is None else f"{row['ratio_to_raw']:.3f}",
+            ", ".join(_number(value, unit) for value in row["rounds"])]
+
+
+def _bar(bar: dict[str, Any]) -> list[str]:
+    """A row of the bars table: a ratio bar in ``x``, a value bar in its unit."""
+    unit = bar["unit"]
+    if unit == "x":
+        measured, required = f"{bar['measured']:.3f}x", f"{bar['required']}x"
+    else:
+        measured = f"{_number(bar['measured'], unit)} {unit}"
+        required = f"{bar['required']:g} {unit}"
+    sign = ">=" if bar["kind"] == "minimum" else "<="
+    return [bar["text"], measured, f"{sign} {required}", "pass" if bar["passed"] else "FAIL"]
+
+
+def _number(value: float, unit: str) -> str:
+    """Rates as whole numbers, latencies to a tenth of a millisecond."""
+    return f"{value:,.1f}" if unit == "ms" else f"{value:,.0f}"
 
 
 def _load(values: list[float]) -> str:

@@ -21,9 +21,8 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 
 import postroom
-from bench.context import BenchError, Context, Measurement, Rounds, median
+from bench.context import BenchError, Context, Measurement, Rounds, median, require_clean_audit
 from bench.driver_time import DriverTime
-from postroom.audit import audit_database
 
 __all__ = ["run_batched", "run_single"]
 
@@ -77,10 +76,7 @@ def _check(store: postroom.Store, receiver: postroom.Receiver, tasks: int) -> No
     effects = receiver.effects_total()
     if effects != tasks:
         raise BenchError(f"{tasks} tasks finished but the receiver has {effects} effects")
-    for database in (store.database, receiver.database):
-        violations = audit_database(database)
-        if violations:
-            raise BenchError("audit: " + "; ".join(map(str, violations)))
+    require_clean_audit(store.database, receiver.database)
 
 
 def run_single(ctx: Context) -> list[Measurement]:

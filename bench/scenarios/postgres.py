@@ -1,20 +1,19 @@
 """PostgreSQL: many worker processes on one shared database, and wake-up latency.
 
-(Written against the bench framework of the ``bench`` branch -- ``Context``, ``Measurement``,
-``Rounds``, ``ctx.timed_rounds``. Once that lands on main, register ``run_claim``,
-``run_end_to_end`` and ``run_latency`` in ``bench.runner.SCENARIOS`` with a
-``PostgresTarget`` from below, and add the bars: 4 workers >= 2x one worker for
-``pg.claim_finish.single.*``, and ``pg.latency.p50`` <= 10 ms.)
+Registered in ``bench.runner.SCENARIOS`` as ``pg-claim``, ``pg-e2e`` and ``pg-latency``; they
+run on a ``PostgresTarget`` (``postroom bench --pg-url``). Their tasks/s are still divided by
+the raw SQLite loop measured around each round, but only as context: the server has its own
+disk, fsync settings and processes. A latency has no ratio.
 
 Each worker is a process with its own store (its own connection pool and sessions), as a
 worker on another host would be. The processes start before the timed rounds; a round
 releases them together (a barrier) and ends when the last one is done, so process start-up
 and connection set-up are not counted.
 
-- claim+finish with 1, 4 and 16 workers, one task per transaction pair (``claim``,
-  ``finish``) and in batches (``claim_batch``, ``finish_batch``), from a backlog topped up
-  before each round;
-- end to end with 1, 4 and 16 workers: each worker receives its own tasks, claims (whoever's
+- claim+finish with 1, 4 and 16 workers (``Sizes.pg_workers``), one task per transaction
+  pair (``claim``, ``finish``) and in batches (``claim_batch``, ``finish_batch``), from a
+  backlog topped up before each round;
+- end to end with the same numbers of workers: each worker receives its own tasks, claims (whoever's
   they are), finishes and dispatches to a receiver on its own database, one at a time or in
   batches; afterwards every task must have exactly one receiver effect and both databases
   must audit clean;
@@ -27,21 +26,37 @@ and connection set-up are not counted.
 from __future__ import annotations
 
 import multiprocessing
+import queue
 import random
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import postroom
-from bench.context import BenchError, Context, Measurement, Rounds
-from postroom.audit import audit_database
+from bench.context import BenchError, Context, Measurement, Rounds, require_clean_audit
 
-__all__ = ["PostgresTarget", "run_claim", "run_end_to_end", "run_latency"]
+__all__ = ["DEFAULT_URL", "PostgresTarget", "public_url", "run_claim", "run_end_to_end",
+           "run_latency"]
+
+#: The server ``postroom bench`` uses unless told otherwise (``--pg-url``).
+DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 _AUTH = postroom.AuthContext(principal="bench")
 _DAY = 86_400.0
 _SPAWN = multiprocessing.get_context("spawn")
-WORKERS = (1, 4, 16)
+#: How long the conductor waits for a worker process before it gives up on the run.
+_PATIENCE = 600.0
+
+
+def public_url(url: str) -> str:
+    """``url`` with its password, if any, replaced by ``***`` (for reports and errors)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=user + host))
 
 
 class PostgresTarget:
@@ -57,6 +72,16 @@ class PostgresTarget:
     def __init__(self, url: str) -> None:
         self._url = url
         self._schemas: list[str] = []
+
+    def describe(self) -> dict[str, Any]:
+        """The server's version and durability settings; raises if it cannot be reached."""
+        import psycopg
+
+        with psycopg.connect(self._url, autocommit=True, connect_timeout=5) as conn:
+            settings = {name: conn.execute(f"SHOW {name}").fetchone()
+                        for name in ("server_version", "fsync", "synchronous_commit")}
+        return {"url": public_url(self._url),
+                **{name: row[0] if row else None for name, row in settings.items()}}
 
     def url(self, name: str) -> str:
         """The URL of a new, empty schema for ``name``."""
@@ -172,12 +197,28 @@ class _Swarm:
             for index in range(size)]
         for process in self._processes:
             process.start()
-        self._collect("ready")
+        try:
+            self._collect("ready")
+        except BaseException:
+            self.close()
+            raise
 
     def _collect(self, kind: str) -> list[Any]:
-        found = []
-        for _ in range(self.size):
-            status, value = self._results.get(timeout=600)
+        """One ``kind`` report per member; a member's error or death raises ``BenchError``."""
+        found: list[Any] = []
+        given_up = time.monotonic() + _PATIENCE
+        while len(found) < self.size:
+            try:
+                status, value = self._results.get(timeout=1.0)
+            except queue.Empty:
+                dead = [p for p in self._processes if p.exitcode is not None]
+                if dead:
+                    raise BenchError(f"a worker process exited with code {dead[0].exitcode} "
+                                     f"while the run waited for it ({kind})") from None
+                if time.monotonic() > given_up:
+                    raise BenchError(f"no worker process answered for {_PATIENCE:.0f}s "
+                                     f"({kind})") from None
+                continue
             if status == "error":
                 raise BenchError(value)
             if status != kind:
@@ -189,12 +230,13 @@ class _Swarm:
         """Release every member for ``per_member`` tasks; (tasks done, seconds)."""
         for commands in self._commands:
             commands.put(per_member)
-        self._start.wait()
+        self._start.wait(timeout=_PATIENCE)
         began = time.perf_counter()
         done = sum(self._collect("done"))
         return done, time.perf_counter() - began
 
     def close(self) -> None:
+        """Tell every member to stop; kill those that do not."""
         for commands in self._commands:
             commands.put(None)
         for process in self._processes:
@@ -212,11 +254,11 @@ def _timed(ctx: Context, swarm: _Swarm, per_member: int,
 # -- scenarios ----------------------------------------------------------------------------------
 
 def run_claim(ctx: Context) -> list[Measurement]:
-    """claim+finish tasks/s with 1, 4 and 16 worker processes, single and batched."""
+    """claim+finish tasks/s with ``sizes.pg_workers`` worker processes, single and batched."""
     rows = []
     total = ctx.sizes.claim_cycles * 4
     for batch in (1, ctx.sizes.batch_size // 10 or 10):
-        for workers in WORKERS:
+        for workers in ctx.sizes.pg_workers:
             url = ctx.target.url(f"pg-claim-{batch}-{workers}")
             per_member = max(batch, total // workers // batch * batch)
             with postroom.open_store(url) as store:
@@ -254,15 +296,16 @@ def _row(key: str, what: str, rounds: Rounds, *, workers: int, batch: int,
     return Measurement(
         id=f"pg.{key}.{'single' if batch == 1 else 'batched'}.workers_{workers}",
         backend="postgres", unit="tasks/s", rounds=rounds,
-        label=f"PostgreSQL {what}, {workers} worker processes, {kind}",
+        label=f"PostgreSQL {what}, {workers} worker process{'es' if workers > 1 else ''}, "
+              f"{kind}",
         details={"workers": workers, "batch": batch, "tasks_per_round": tasks})
 
 
 def run_end_to_end(ctx: Context) -> list[Measurement]:
-    """End-to-end tasks/s with 1, 4 and 16 worker processes, single and batched."""
+    """End-to-end tasks/s with ``sizes.pg_workers`` worker processes, single and batched."""
     rows = []
     for batch in (1, ctx.sizes.batch_size // 10 or 10):
-        for workers in WORKERS:
+        for workers in ctx.sizes.pg_workers:
             store_url = ctx.target.url(f"pg-e2e-{batch}-{workers}")
             receiver_url = ctx.target.url(f"pg-e2e-{batch}-{workers}-receiver")
             per_member = max(batch, ctx.sizes.single_tasks * 2 // workers // batch * batch)
@@ -292,10 +335,7 @@ def _drain_and_check(store_url: str, receiver_url: str) -> None:
         tasks = sum(store.info()["tasks"].values())
         if receiver.effects_total() != tasks:
             raise BenchError(f"{tasks} tasks but {receiver.effects_total()} receiver effects")
-        for database in (store.database, receiver.database):
-            violations = audit_database(database)
-            if violations:
-                raise BenchError("audit: " + "; ".join(map(str, violations)))
+        require_clean_audit(store.database, receiver.database)
 
 
 def _idle_worker(url: str, count: int, ready: Any, results: Any) -> None:
@@ -315,20 +355,16 @@ def _idle_worker(url: str, count: int, ready: Any, results: Any) -> None:
     store.close()
 
 
-def run_latency(ctx: Context) -> list[Measurement]:
-    """Enqueue-to-start latency of an idle worker woken by LISTEN/NOTIFY (p50, p99)."""
-    count = max(50, ctx.sizes.single_tasks)
-    p50s: list[float] = []
-    p99s: list[float] = []
-    rng = random.Random(0)
-    for index in range(ctx.sizes.rounds):
-        url = ctx.target.url(f"pg-latency-{index}")
-        ready, results = _SPAWN.Event(), _SPAWN.Queue()
-        worker = _SPAWN.Process(target=_idle_worker, args=(url, count, ready, results),
-                                daemon=True)
+def _latency_round(url: str, count: int, rng: random.Random) -> list[float]:
+    """Enqueue ``count`` tasks for an idle worker process; their latencies in ms, sorted."""
+    ready, results = _SPAWN.Event(), _SPAWN.Queue()
+    worker = _SPAWN.Process(target=_idle_worker, args=(url, count, ready, results),
+                            daemon=True)
+    try:
         with postroom.open_store(url) as store:
             worker.start()
-            ready.wait(timeout=120)
+            if not ready.wait(timeout=120):
+                raise BenchError(f"the idle worker did not start (exit code {worker.exitcode})")
             deadline = time.time() + _DAY
             sent: dict[int, float] = {}
             for n in range(count):
@@ -337,9 +373,26 @@ def run_latency(ctx: Context) -> list[Measurement]:
                 store.receive(_AUTH, postroom.Envelope(
                     message_id=f"latency-{n}", sender="bench", deadline=deadline,
                     queue="latency", payload={"n": n}))
-            started = results.get(timeout=600)
+            try:
+                started = results.get(timeout=_PATIENCE)
+            except queue.Empty:
+                raise BenchError(f"the idle worker did not start all {count} tasks "
+                                 f"(exit code {worker.exitcode})") from None
         worker.join(timeout=60)
-        latencies = sorted((started[n] - sent[n]) * 1000 for n in range(count))
+    finally:
+        if worker.is_alive():
+            worker.kill()
+    return sorted((started[n] - sent[n]) * 1000 for n in range(count))
+
+
+def run_latency(ctx: Context) -> list[Measurement]:
+    """Enqueue-to-start latency of an idle worker woken by LISTEN/NOTIFY (p50, p99)."""
+    count = ctx.sizes.latency_tasks
+    p50s: list[float] = []
+    p99s: list[float] = []
+    rng = random.Random(0)
+    for index in range(ctx.sizes.rounds):
+        latencies = _latency_round(ctx.target.url(f"pg-latency-{index}"), count, rng)
         p50s.append(latencies[len(latencies) // 2])
         p99s.append(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))])
         ctx.progress(f"postgres latency round {index + 1}: p50 {p50s[-1]:.2f} ms, "

@@ -9,6 +9,8 @@ from typing import Any
 
 import click
 
+from bench.runner import SCENARIOS
+from bench.scenarios.postgres import DEFAULT_URL as DEFAULT_PG_URL
 from postroom.audit import audit_url
 
 __all__ = ["main"]
@@ -134,8 +136,8 @@ def drain(url: str, receiver_url: str | None, **options: Any) -> None:
 
 @main.command()
 @click.option("--quick", is_flag=True,
-              help="Small sizes, a few seconds: a smoke run, not figures to publish.")
-@click.option("--only", multiple=True, type=click.Choice(["claim", "single", "batched"]),
+              help="Small sizes, well under a minute: a smoke run, not figures to publish.")
+@click.option("--only", multiple=True, type=click.Choice(list(SCENARIOS)),
               help="Run only this scenario (repeatable); the raw baseline always runs.")
 @click.option("--dir", "folder", type=click.Path(file_okay=False, exists=True, path_type=Path),
               default=None, help="Where the temporary databases go (on disk, not tmpfs; "
@@ -143,24 +145,32 @@ def drain(url: str, receiver_url: str | None, **options: Any) -> None:
 @click.option("--results", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the Markdown report here (a full run of every scenario writes "
                    "bench/RESULTS.md unless told otherwise).")
+@click.option("--pg-url", default=DEFAULT_PG_URL, show_default=True, metavar="URL",
+              envvar="POSTROOM_PG_URL", show_envvar=True,
+              help="The PostgreSQL database the pg-* scenarios create (and drop) their "
+                   "schemas in; an unreachable server fails the run unless --only leaves "
+                   "them out.")
 def bench(quick: bool, only: tuple[str, ...], folder: Path | None,
-          results: Path | None) -> None:
+          results: Path | None, pg_url: str) -> None:
     """Measure postroom against a raw SQLite commit loop and judge the performance bars.
 
     Prints the report as JSON on stdout (progress goes to stderr). Every figure is also a
     ratio to the raw loop measured in the same run: WAL, synchronous=FULL, one row per
-    BEGIN IMMEDIATE transaction, on the same file system.
+    BEGIN IMMEDIATE transaction, on the same file system. The pg-* scenarios run on the
+    PostgreSQL server at --pg-url.
     """
     from bench import report
     from bench.context import FULL, QUICK
     from bench.runner import default_folder, run_bench
+    from bench.scenarios.postgres import public_url
 
     words = ["postroom bench", *(["--quick"] if quick else []),
-             *(f"--only {name}" for name in only)]
+             *(f"--only {name}" for name in only),
+             *([f"--pg-url {public_url(pg_url)}"] if pg_url != DEFAULT_PG_URL else [])]
     try:
         outcome = run_bench(sizes=QUICK if quick else FULL, mode="quick" if quick else "full",
                             folder=folder if folder is not None else default_folder(),
-                            only=only, command=" ".join(words),
+                            only=only, pg_url=pg_url, command=" ".join(words),
                             progress=lambda line: click.echo(line, err=True))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
