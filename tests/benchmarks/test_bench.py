@@ -8,13 +8,13 @@ leaves them out, and their tests skip (or, under ``CI``, fail).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,21 @@ def _bench(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def quick_report() -> Iterator[dict[str, Any]]:
+def quick_report(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[str, Any]:
+    # One quick run per test session: under xdist, the first worker to get here runs it and
+    # the others wait for its report (the parent of a worker's basetemp is the session's).
+    base = tmp_path_factory.getbasetemp()
+    shared = base if worker_id == "master" else base.parent
+    with open(shared / "bench-quick.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        saved = shared / "bench-quick.json"
+        if not saved.exists():
+            saved.write_text(json.dumps(_quick_run()))
+        report: dict[str, Any] = json.loads(saved.read_text())
+    return report
+
+
+def _quick_run() -> dict[str, Any]:
     # The bench refuses a memory file system, and pytest's tmp_path may be one: use a
     # private folder where the bench itself would put its databases.
     folder = Path(tempfile.mkdtemp(prefix="bench-test-", dir=default_folder()))
@@ -60,7 +74,7 @@ def quick_report() -> Iterator[dict[str, Any]]:
             with psycopg.connect(pg_url, autocommit=True) as conn:
                 report["_schemas"] = [name for (name,) in conn.execute(
                     "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'bench%'")]
-        yield report
+        return report
     finally:
         shutil.rmtree(folder, ignore_errors=True)
         if pg_url is not None:

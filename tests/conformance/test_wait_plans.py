@@ -11,7 +11,8 @@ import postroom
 from postroom import waits
 from postroom.store import Operation, Tx
 from tests.conformance.test_plans import PG_SORT, explain
-from tests.support import START
+from tests.conftest import UrlFactory, backends, require_postgres
+from tests.support import SETTINGS, START
 
 TABLES = ("waits", "wait_slots", "wait_receipts", "wait_continuations", "wait_effects")
 # Partial indexes that hold only the rows a sweep wants: walking their head in order is the
@@ -57,8 +58,19 @@ def in_batches(store: postroom.Store, op: Operation, calls: list[Callable[[Tx], 
             call(tx) for call in chunk])
 
 
-@pytest.fixture
-def populated(store, clock):
+@pytest.fixture(scope="module", params=backends())
+def populated(request, tmp_path_factory):
+    """One store per backend, shared by the module's read-only plan tests."""
+    if request.param == "postgres":
+        require_postgres()
+    urls = UrlFactory(request.param, tmp_path_factory.mktemp("wait-plans"))
+    with postroom.open_store(urls("store"), clock=postroom.ManualClock(START),
+                             settings=SETTINGS, seed=0) as store:
+        yield _populate(store)
+    urls.cleanup()
+
+
+def _populate(store: postroom.Store) -> postroom.Store:
     settings = store.settings
     alice = postroom.AuthContext(principal="alice")
     count = WAITS[store.database.dialect.name]

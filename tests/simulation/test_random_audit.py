@@ -99,13 +99,14 @@ def test_decisions_that_follow_a_clock_stepping_back_are_reported(make_url, monk
 
 
 def test_rounds_report_a_receiver_that_drops_effects(make_url, monkeypatch):
-    def no_effect(self, tx, reply):
-        tx.run("receipt_insert", reply_id=reply.reply_id, fingerprint=reply.fingerprint,
-               body=reply.body, now=tx.now)
-        return postroom.Outcome.delivered()
+    def no_effect(self, tx, replies):
+        for reply in replies:
+            tx.run("receipt_insert", reply_id=reply.reply_id, fingerprint=reply.fingerprint,
+                   body=reply.body, now=tx.now)
+        return [postroom.Outcome.delivered() for _ in replies]
 
     # Patched in this process only: the drain's deliveries lose their effects.
-    monkeypatch.setattr(Receiver, "_accept_one", no_effect)
+    monkeypatch.setattr(Receiver, "_accept_all", no_effect)
     result = run_rounds(1, 2, make_url, seed=3, ops=10, kill_rate=0.0)
     assert result.violations
     assert any("effect" in problem for problem in result.violations[0]["problems"])
