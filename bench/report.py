@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -145,7 +146,20 @@ def _figure(row: dict[str, Any]) -> list[str]:
     unit = row["unit"]
     return [row["label"], f"{_number(row['value'], unit)} {unit}",
             "" if row["ratio_to_raw"] is None else f"{row['ratio_to_raw']:.3f}",
-            ", ".join(_number(value, unit) for value in row["rounds"])]
+            _rounds(row["rounds"], unit)]
+
+
+def _rounds(values: list[float], unit: str) -> str:
+    """Every round, or for the baseline's many rounds their spread (all are in the JSON)."""
+    if len(values) <= _LISTED_ROUNDS:
+        return ", ".join(_number(value, unit) for value in values)
+    low, middle, high = statistics.quantiles(values, n=4)
+    return (f"{len(values)} rounds: min {_number(min(values), unit)}, quartiles "
+            f"{_number(low, unit)} / {_number(middle, unit)} / {_number(high, unit)}, "
+            f"max {_number(max(values), unit)}")
+
+
+_LISTED_ROUNDS = 12
 
 
 def _bar(bar: dict[str, Any]) -> list[str]:
