@@ -34,8 +34,8 @@ from postroom.store.core import Store
 from postroom.transitions import reply_id_for
 from postroom.transports import InProcessTransport
 
-__all__ = ["ROUND_QUEUES", "ROUND_SETTINGS", "RoundProcess", "RoundsResult", "SharedStore",
-           "delivered", "drain", "release_processes", "run_rounds"]
+__all__ = ["ROUND_QUEUES", "ROUND_SETTINGS", "Played", "RoundProcess", "RoundsResult",
+           "SharedStore", "delivered", "drain", "play_rounds", "release_processes", "run_rounds"]
 
 #: Short leases and backoffs: processes with skewed clocks take over each other's work.
 ROUND_SETTINGS = Settings(
@@ -132,29 +132,54 @@ def run_rounds(rounds: int, processes: int, urls: UrlFactory, *, seed: int = 0,
         return result
     rng = random.Random(f"rounds/{seed}")
     shared = SharedStore(urls, seed)
+
+    def play(number: int, previous: Snapshot) -> Played:
+        config = {"seed": seed, "round": number, "ops": ops, "store": shared.store_url,
+                  "receiver": shared.receiver_url,
+                  "base": max(shared.clock.now(), previous.high_water) + 1.0}
+        problems = _burst(config, count=processes, rng=rng, kill_rate=kill_rate,
+                          result=result, acked=shared.acked)
+        burst, found = shared.checked(previous)
+        drained, more = shared.drained(burst, result)
+        return Played(problems=problems + found + more, drained=drained)
+
+    play_rounds(shared, result, rounds, label="round", seed=seed, play=play,
+                on_round=on_round)
+    return result
+
+
+@dataclass(slots=True)
+class Played:
+    """One round's outcome: its problems, the drained store, and what names the round."""
+
+    problems: list[str]
+    drained: Snapshot
+    context: dict[str, Any] = field(default_factory=dict)
+
+
+def play_rounds(shared: SharedStore, result: RoundsResult, rounds: int, *, label: str,
+                seed: int, play: Callable[[int, Snapshot], Played],
+                on_round: Callable[[], None] | None) -> None:
+    """Play ``rounds`` rounds one after another on ``shared``; stop at the first violation.
+
+    Each round starts from the snapshot the previous one drained to. ``shared`` is closed at
+    the end.
+    """
     try:
         previous = shared.snapshot()
         for number in range(rounds):
-            config = {"seed": seed, "round": number, "ops": ops, "store": shared.store_url,
-                      "receiver": shared.receiver_url,
-                      "base": max(shared.clock.now(), previous.high_water) + 1.0}
-            problems = _burst(config, count=processes, rng=rng, kill_rate=kill_rate,
-                              result=result, acked=shared.acked)
-            burst, found = shared.checked(previous)
-            drained, more = shared.drained(burst, result)
-            problems += found + more
+            played = play(number, previous)
             result.rounds = number + 1
             result.acked = len(shared.acked)
-            if problems:
-                result.violations.append({"round": number, "seed": seed,
-                                          "problems": problems[:20]})
+            if played.problems:
+                result.violations.append({label: number, "seed": seed, **played.context,
+                                          "problems": played.problems[:20]})
                 break
-            previous = drained
+            previous = played.drained
             if on_round is not None:
                 on_round()
     finally:
         shared.close()
-    return result
 
 
 def _burst(config: dict[str, Any], *, count: int, rng: random.Random, kill_rate: float,

@@ -28,9 +28,11 @@ from typing import Any
 from postroom.models import AuthContext, Envelope
 from postroom.simulation.rounds import (
     KILL_RATE,
+    Played,
     RoundProcess,
     RoundsResult,
     SharedStore,
+    play_rounds,
     release_processes,
 )
 from postroom.simulation.wait_burst import CONTESTS
@@ -81,42 +83,34 @@ def run_wait_rounds(rounds: int, processes: int, urls: UrlFactory, *, seed: int 
         return result
     rng = random.Random(f"wait-rounds/{seed}")
     shared = SharedStore(urls, seed)
-    try:
-        previous = shared.snapshot()
-        for number in range(rounds):
-            base = max(shared.clock.now(), previous.high_water) + 1.0
-            shared.clock.set(base)
-            contest = _prepare(shared.store, number, base)
-            shared.acked.add(contest.parent)
-            prepared, problems = shared.checked(previous)
-            order = rng.sample(CONTESTS, len(CONTESTS))
-            config = {"seed": seed, "round": number, "store": shared.store_url, "base": base,
-                      "flow": contest.flow, "far": base + FAR, "deadline": contest.deadline,
-                      "order": order, "ops": WAIT_BURST_OPS}
-            started, burst_problems = release_processes(
-                "postroom.simulation.wait_burst", config, count=processes, rng=rng,
-                kill_rate=kill_rate)
-            result.processes += processes
-            result.killed += sum(process.killed for process in started)
-            result.operations += sum("op" in r for p in started for r in p.records)
-            burst, found = shared.checked(prepared)
-            problems += burst_problems + found
-            problems += _judge(contest, started, burst, result.winners, shared.acked)
-            _settle(shared.store, contest)
-            settled, found = shared.checked(burst)
-            drained, more = shared.drained(settled, result)
-            problems += found + _quiet(settled) + more
-            result.rounds = number + 1
-            result.acked = len(shared.acked)
-            if problems:
-                result.violations.append({"wait_round": number, "seed": seed,
-                                          "order": order, "problems": problems[:20]})
-                break
-            previous = drained
-            if on_round is not None:
-                on_round()
-    finally:
-        shared.close()
+
+    def play(number: int, previous: Snapshot) -> Played:
+        base = max(shared.clock.now(), previous.high_water) + 1.0
+        shared.clock.set(base)
+        contest = _prepare(shared.store, number, base)
+        shared.acked.add(contest.parent)
+        prepared, problems = shared.checked(previous)
+        order = rng.sample(CONTESTS, len(CONTESTS))
+        config = {"seed": seed, "round": number, "store": shared.store_url, "base": base,
+                  "flow": contest.flow, "far": base + FAR, "deadline": contest.deadline,
+                  "order": order, "ops": WAIT_BURST_OPS}
+        started, burst_problems = release_processes(
+            "postroom.simulation.wait_burst", config, count=processes, rng=rng,
+            kill_rate=kill_rate)
+        result.processes += processes
+        result.killed += sum(process.killed for process in started)
+        result.operations += sum("op" in r for p in started for r in p.records)
+        burst, found = shared.checked(prepared)
+        problems += burst_problems + found
+        problems += _judge(contest, started, burst, result.winners, shared.acked)
+        _settle(shared.store, contest)
+        settled, found = shared.checked(burst)
+        drained, more = shared.drained(settled, result)
+        return Played(problems=problems + found + _quiet(settled) + more, drained=drained,
+                      context={"order": order})
+
+    play_rounds(shared, result, rounds, label="wait_round", seed=seed, play=play,
+                on_round=on_round)
     return result
 
 
