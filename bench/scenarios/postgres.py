@@ -28,6 +28,7 @@ from __future__ import annotations
 import multiprocessing
 import queue
 import random
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -47,6 +48,9 @@ _DAY = 86_400.0
 _SPAWN = multiprocessing.get_context("spawn")
 #: How long the conductor waits for a worker process before it gives up on the run.
 _PATIENCE = 600.0
+#: How long the conductor waits at a round's barrier: members reach it as soon as they read
+#: their command, so only a dead or stuck member takes longer.
+_RELEASE = 60.0
 
 
 def public_url(url: str) -> str:
@@ -157,8 +161,8 @@ class _Pipeline:
         return count
 
 
-def _member(*, url: str, receiver_url: str | None, owner: str, job: str, batch: int,
-            commands: Any, start: Any, results: Any) -> None:
+def _member(*, url: str, receiver_url: str | None, owner: str, batch: int, commands: Any,
+            start: Any, results: Any) -> None:
     """A worker process: set up once, then run one job per command until told to stop."""
     store = postroom.open_store(url)
     pipeline = _Pipeline(store, receiver_url, owner) if receiver_url else None
@@ -192,7 +196,7 @@ class _Swarm:
         self._processes = [
             _SPAWN.Process(target=_member, daemon=True, kwargs={
                 "url": url, "receiver_url": receiver_url, "owner": f"{job}-{size}-{index}",
-                "job": job, "batch": batch, "commands": self._commands[index],
+                "batch": batch, "commands": self._commands[index],
                 "start": self._start, "results": self._results})
             for index in range(size)]
         for process in self._processes:
@@ -211,10 +215,7 @@ class _Swarm:
             try:
                 status, value = self._results.get(timeout=1.0)
             except queue.Empty:
-                dead = [p for p in self._processes if p.exitcode is not None]
-                if dead:
-                    raise BenchError(f"a worker process exited with code {dead[0].exitcode} "
-                                     f"while the run waited for it ({kind})") from None
+                self._require_alive(kind)
                 if time.monotonic() > given_up:
                     raise BenchError(f"no worker process answered for {_PATIENCE:.0f}s "
                                      f"({kind})") from None
@@ -226,11 +227,23 @@ class _Swarm:
             found.append(value)
         return found
 
+    def _require_alive(self, kind: str) -> None:
+        dead = [p for p in self._processes if p.exitcode is not None]
+        if dead:
+            raise BenchError(f"a worker process exited with code {dead[0].exitcode} "
+                             f"while the run waited for it ({kind})")
+
     def round(self, per_member: int) -> tuple[int, float]:
         """Release every member for ``per_member`` tasks; (tasks done, seconds)."""
+        self._require_alive("round")
         for commands in self._commands:
             commands.put(per_member)
-        self._start.wait(timeout=_PATIENCE)
+        try:
+            self._start.wait(timeout=_RELEASE)
+        except threading.BrokenBarrierError:
+            self._require_alive("release")
+            raise BenchError(f"the worker processes did not all reach the start of the round "
+                             f"within {_RELEASE:.0f}s") from None
         began = time.perf_counter()
         done = sum(self._collect("done"))
         return done, time.perf_counter() - began

@@ -248,3 +248,21 @@ def test_only_offers_every_registered_scenario():
 
     only = next(param for param in main.commands["bench"].params if param.name == "only")
     assert list(only.type.choices) == list(SCENARIOS)  # type: ignore[attr-defined]
+
+
+def test_a_dead_postgres_worker_process_fails_the_next_round_at_once():
+    from bench.context import BenchError
+    from bench.scenarios.postgres import _Swarm
+
+    require_postgres()
+    url = pg.create_schema("bench-swarm")
+    swarm = _Swarm(url, 2, job="claim", batch=1)
+    try:
+        victim = swarm._processes[0]
+        victim.kill()
+        victim.join(timeout=30)
+        with pytest.raises(BenchError, match="exited with code"):
+            swarm.round(1)
+    finally:
+        swarm.close()
+        pg.drop_schema(url)
