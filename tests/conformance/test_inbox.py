@@ -238,6 +238,24 @@ def test_info_publishes_the_retention_period(store):
     assert store.info()["retention_seconds"] == store.settings.retention
 
 
+def test_info_shows_the_durability_settings_a_store_runs_with(store):
+    durability = store.info()["durability"]
+    if store.database.dialect.name == "sqlite":
+        assert durability == {"journal_mode": "wal", "synchronous": "full"}
+    else:  # the server's own settings (tests/postgres checks the warnings they raise)
+        assert set(durability) == {"fsync", "synchronous_commit", "full_page_writes",
+                                   "autovacuum"}
+
+
+def test_info_warns_when_sqlite_commits_are_not_synced_in_full(tmp_path):
+    with postroom.open_store(f"sqlite:///{tmp_path / 'store.db'}") as store:
+        store.database.dialect._conn.execute("PRAGMA synchronous = NORMAL")
+        info = store.info()
+    assert info["durability"]["synchronous"] == "normal"
+    assert info["warnings"] == ["synchronous is normal: a power failure can lose commits "
+                                "that were already acknowledged"]
+
+
 @pytest.mark.parametrize("field", ["message_id", "queue", "correlation_id"])
 def test_a_text_field_with_nul_is_refused_on_every_backend(store, auth, field):
     with pytest.raises(postroom.InvalidEnvelope, match=field):

@@ -12,7 +12,7 @@ from psycopg_pool import PoolTimeout
 
 import postroom
 from postroom.store import Database, dialect_for_url
-from postroom.store.postgres import _CLOCK_SHARDS, PostgresDialect
+from postroom.store.postgres import _CLOCK_SHARDS, PostgresDialect, durability_warnings
 from tests.support import START, envelope
 
 
@@ -217,3 +217,25 @@ def test_a_connection_lent_after_a_read_can_write_without_begin(pg_store, auth):
     with dialect.connection() as conn:  # the same pooled connection, used raw
         dialect.execute(conn, "UPDATE tasks SET correlation_id = 'raw'", ())
     assert pg_store.task(pg_store.claim("w").task_id).correlation_id == "raw"
+
+
+# -- durability settings ------------------------------------------------------------------------
+
+def test_info_reports_the_servers_durability_settings_as_a_session_sees_them(pg_url):
+    with postroom.open_store(pg_url + "%20-csynchronous_commit%3Doff") as store:
+        info = store.info()
+    assert info["durability"]["synchronous_commit"] == "off"
+    assert set(info["durability"]) == {"fsync", "synchronous_commit", "full_page_writes",
+                                       "autovacuum"}
+    assert any(w.startswith("synchronous_commit is off") for w in info["warnings"])
+
+
+@pytest.mark.parametrize(("setting", "weak"), [("fsync", "off"), ("synchronous_commit", "off"),
+                                               ("full_page_writes", "off"),
+                                               ("autovacuum", "off")])
+def test_each_weakened_server_setting_has_its_own_warning(setting, weak):
+    strong = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on",
+              "autovacuum": "on"}
+    assert durability_warnings(strong) == []
+    [warning] = durability_warnings({**strong, setting: weak})
+    assert warning.startswith(f"{setting} is off: ")

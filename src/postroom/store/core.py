@@ -459,13 +459,15 @@ class Store:
         return len(rows)
 
     def info(self) -> dict[str, Any]:
-        """Settings, schema version and counts, for ``postroom info``."""
+        """Settings, schema version, counts, and the database settings that durability
+        depends on with a warning for each weak one, for ``postroom info``."""
         with self._db.read() as tx:
             task_counts = {row["state"]: int(row["n"]) for row in tx.all("task_counts")}
             reply_counts = {row["state"]: int(row["n"]) for row in tx.all("reply_counts")}
             wait_counts = {row["state"]: int(row["n"]) for row in tx.all("wait_counts")}
             unconsumed = tx.one("continuations_unconsumed_count")
             clock = tx.one("clock_read")
+            durability, warnings = self._db.dialect.durability(tx.conn)
         settings = self._settings
         return {
             "dialect": self._db.dialect.name,
@@ -480,6 +482,8 @@ class Store:
             "replies": reply_counts,
             "waits": wait_counts,
             "continuations_unconsumed": int(unconsumed["n"]) if unconsumed is not None else 0,
+            "durability": durability,
+            "warnings": warnings,
         }
 
     @property

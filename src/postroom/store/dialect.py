@@ -94,6 +94,12 @@ class Dialect(ABC):
     def explain(self, conn: Any, sql: str, params: Mapping[str, Any]) -> list[str]:
         """The query plan of ``sql`` as lines of text."""
 
+    @abstractmethod
+    def durability(self, conn: Any) -> tuple[dict[str, str], list[str]]:
+        """The settings that commits' durability and the store's upkeep depend on, as the
+        database reports them to this connection, and one warning per setting that weakens
+        them (for ``postroom info``)."""
+
     def decision_time(self, tx: Tx, clock: Clock) -> float:
         """The time a write transaction decides with: never below the persisted high-water.
 

@@ -79,7 +79,7 @@ from postroom.store.dialect import Dialect, Row
 if TYPE_CHECKING:
     from postroom.store.database import Tx
 
-__all__ = ["PostgresDialect", "ServerClock"]
+__all__ = ["PostgresDialect", "ServerClock", "durability_warnings"]
 
 #: Rows of the time high-water (the migration creates exactly these ids: 0 .. N-1).
 _CLOCK_SHARDS = 64
@@ -128,6 +128,27 @@ _BEFORE_COMMIT = (
 _ADVANCE_BEFORE_COMMIT = (
     "WITH advanced AS ({advance} RETURNING id) " + _BEFORE_COMMIT
     + " FROM (SELECT count(*) AS advanced FROM advanced) AS clock")
+
+_DURABILITY_SETTINGS = ("fsync", "synchronous_commit", "full_page_writes", "autovacuum")
+
+
+def durability_warnings(settings: Mapping[str, str]) -> list[str]:
+    """One warning per PostgreSQL setting that weakens what postroom promises."""
+    warnings = []
+    if settings.get("fsync") == "off":
+        warnings.append("fsync is off: a server crash can lose or corrupt commits that were "
+                        "already acknowledged")
+    if settings.get("synchronous_commit") == "off":
+        warnings.append("synchronous_commit is off: a server crash can lose the last "
+                        "commits that were already acknowledged")
+    if settings.get("full_page_writes") == "off":
+        warnings.append("full_page_writes is off: a crash in the middle of a page write can "
+                        "corrupt the database")
+    if settings.get("autovacuum") == "off":
+        warnings.append("autovacuum is off: the dead row versions every claim and finish "
+                        "leaves behind stay in the tables and indexes, which keep growing, "
+                        "until someone runs VACUUM")
+    return warnings
 
 
 class _Session:
@@ -368,6 +389,13 @@ class PostgresDialect(Dialect):
         return [str(row["QUERY PLAN"]) for row in cursor.fetchall()]
 
     # -- errors ---------------------------------------------------------------------------------
+
+    def durability(self, conn: _Session) -> tuple[dict[str, str], list[str]]:
+        """The server's settings for commits, crash safety and vacuuming, as seen by a
+        postroom session (``synchronous_commit`` can differ per session or role)."""
+        settings = {name: str(_one(self.execute(conn, f"SHOW {name}", None))[name])
+                    for name in _DURABILITY_SETTINGS}
+        return settings, durability_warnings(settings)
 
     def translate(self, exc: BaseException) -> PostroomError:
         """Sessions lost, serialization failures, deadlocks and lock timeouts are transient

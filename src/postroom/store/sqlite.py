@@ -28,6 +28,9 @@ _TRANSIENT_CODES = {
     getattr(sqlite3, "SQLITE_BUSY_RECOVERY", 261),
 }
 
+_SYNCHRONOUS = {0: "off", 1: "normal", 2: "full", 3: "extra"}
+_FULL = 2
+
 
 class SQLiteDialect(Dialect):
     """A single SQLite database file, shared by threads through one locked connection."""
@@ -141,6 +144,17 @@ class SQLiteDialect(Dialect):
         if code in _TRANSIENT_CODES:
             return StoreUnavailable(f"sqlite {self.path}: {exc}")
         return StoreError(f"sqlite {self.path}: {exc}")
+
+    def durability(self, conn: sqlite3.Connection) -> tuple[dict[str, str], list[str]]:
+        """The journal mode and ``synchronous`` level of postroom's connection."""
+        journal = str(conn.execute("PRAGMA journal_mode").fetchone()[0])
+        level = int(conn.execute("PRAGMA synchronous").fetchone()[0])
+        settings = {"journal_mode": journal, "synchronous": _SYNCHRONOUS.get(level, str(level))}
+        warnings = []
+        if level < _FULL:
+            warnings.append(f"synchronous is {settings['synchronous']}: a power failure can "
+                            "lose commits that were already acknowledged")
+        return settings, warnings
 
     def explain(self, conn: sqlite3.Connection, sql: str,
                 params: Mapping[str, Any]) -> list[str]:
