@@ -125,10 +125,14 @@ def _bindir() -> Path:
 
 
 class Cluster:
-    """A private PostgreSQL server in a temporary directory, for tests that restart it."""
+    """A private PostgreSQL server in a temporary directory, for tests that restart it.
 
-    def __init__(self) -> None:
+    Keyword arguments are server settings (``wal_writer_delay="10s"``).
+    """
+
+    def __init__(self, **settings: str) -> None:
         self._bin = _bindir()
+        self._settings = "".join(f" -c {name}={value}" for name, value in settings.items())
         self._root = Path(tempfile.mkdtemp(prefix="postroom-pg-"))
         self.data = self._root / "data"
         with socket.socket() as probe:
@@ -151,7 +155,7 @@ class Cluster:
         """Start the server and wait until it accepts connections."""
         options = (f"-c listen_addresses=127.0.0.1 -c port={self.port} "
                    f"-c unix_socket_directories={self._root} -c max_connections=60 "
-                   f"-c shared_buffers=32MB")
+                   f"-c shared_buffers=32MB{self._settings}")
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self._root / "log"),
                   "-o", options, "-w", "-t", "60", "start")
 

@@ -433,6 +433,8 @@ def _resumption(result: ResumeResult, address: WaitAddress, kind: str,
 
 def _lock_slot(tx: Tx, flow: str, step: str) -> int:
     row = tx.one("wait_slot_lock", flow=flow, step=step)
+    # The slot's previous holder may have committed a later decision while we waited.
+    tx.catch_up_time()
     return 0 if row is None else int(row["generation"])
 
 

@@ -11,6 +11,7 @@ import pytest
 from psycopg_pool import PoolTimeout
 
 import postroom
+from postroom import faults
 from postroom.store import Database, dialect_for_url
 from postroom.store.postgres import _CLOCK_SHARDS, PostgresDialect, durability_warnings
 from tests.support import START, envelope
@@ -97,6 +98,46 @@ def test_writers_on_different_rows_do_not_wait_for_each_other(pg_store, pg_url):
         second.execute("COMMIT")
         first.execute("COMMIT")
 
+
+
+def test_a_decision_made_after_waiting_for_a_slot_lock_is_not_earlier_than_the_holders(
+        own_database, auth):
+    with postroom.open_store(own_database, clock=postroom.ManualClock(START)) as setup:
+        setup.open_wait("f", "s", 0, START + 10)  # generation 1, answered and resumed
+        setup.signal(auth, "e0", "f", "s", 1, "yes")
+        setup.resume("f", "s", 1, None)
+    late = postroom.open_store(own_database, clock=postroom.ManualClock(START + 101))
+    early = postroom.open_store(own_database, clock=postroom.ManualClock(START + 100))
+    holding, go, out = threading.Event(), threading.Event(), {}
+
+    def hold(_point: str) -> None:
+        holding.set()
+        go.wait(30)
+
+    def open_generation_2() -> None:  # decides at START + 101, holding the slot's lock
+        with faults.armed("open_wait.after_wait_insert", hold):
+            out["opened"] = late.open_wait("f", "s", 1, START + 100.5)
+
+    def answer_it() -> None:  # reads its time (START + 100) before that commit, then waits
+        out["answer"] = early.signal(auth, "e1", "f", "s", 2, "in time?")
+
+    opener = threading.Thread(target=open_generation_2)
+    opener.start()
+    assert holding.wait(30)
+    answerer = threading.Thread(target=answer_it)
+    answerer.start()
+    with raw(own_database) as conn:  # until the answer waits for the slot's lock
+        while not conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                               "current_database() AND wait_event_type = 'Lock'").fetchone()[0]:
+            time.sleep(0.01)
+    go.set()
+    opener.join(30)
+    answerer.join(30)
+    late.close()
+    early.close()
+    assert out["opened"].result is postroom.OpenResult.OPENED
+    assert out["answer"].result is postroom.SignalResult.TOO_LATE  # as on SQLite
+    assert out["answer"].received_at == START + 101
 
 # -- sessions -----------------------------------------------------------------------------------
 

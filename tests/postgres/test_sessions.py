@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import psycopg
 import pytest
 
 import postroom
 from postroom import faults
+from postroom.store.database import Tx
+from postroom.store.postgres import PostgresDialect, lost_commit_fate
 from tests import pg
+from tests.conftest import require_postgres
 from tests.support import envelope
 
 FAR = 4_000_000_000.0  # a deadline far ahead of the server clock
@@ -72,13 +76,68 @@ def test_a_lost_commit_whose_fate_cannot_be_learned_is_outcome_unknown(
     with postroom.open_store(pg_url) as store:
         dialect = store.database.dialect
         monkeypatch.setattr(dialect, "_resolve_timeout", 0.2)
-        monkeypatch.setattr(dialect, "_transaction_status", lambda xid: None)  # unreachable
+        monkeypatch.setattr(dialect, "_transaction_status",
+                            lambda xid, started: None)  # unreachable
         lose_the_connection_at_commit(monkeypatch, commit_first=True)
         with pytest.raises(postroom.OutcomeUnknown, match="could not be learned"):
             store.receive(auth, envelope(deadline=FAR))
         monkeypatch.undo()
         assert count_tasks(store) == 1  # it did commit, and it was not run a second time
 
+
+
+@pytest.fixture
+def crashable() -> Iterator[pg.Cluster]:
+    """A private server whose WAL writer flushes only every 10 s, so that a crash just
+    before COMMIT reliably loses the transaction (in production: a window of milliseconds)."""
+    require_postgres()
+    cluster = pg.Cluster(wal_writer_delay="10000")
+    yield cluster
+    cluster.destroy()
+
+
+def test_a_commit_lost_in_a_server_crash_is_never_reported_as_committed(
+        crashable, auth, monkeypatch):
+    ids: dict[str, int] = {}
+    noted = PostgresDialect.before_commit
+
+    def note_the_id(self: PostgresDialect, tx: Tx) -> None:
+        noted(self, tx)
+        ids["ours"] = int(tx.conn.xid)
+
+    def crash_then_hand_out_the_same_id(_point: str) -> None:
+        crashable.restart("immediate")
+        with psycopg.connect(crashable.url, autocommit=True) as other:
+            other.execute("CREATE TABLE traffic (n int)")
+            while ids.setdefault("theirs", 0) < ids["ours"]:
+                ids["theirs"] = int(other.execute(
+                    "INSERT INTO traffic VALUES (1) RETURNING CAST(pg_current_xact_id() AS "
+                    "TEXT)").fetchone()[0])
+
+    monkeypatch.setattr(PostgresDialect, "before_commit", note_the_id)
+    with postroom.open_store(crashable.url) as store:
+        store.receive(auth, envelope("warm-up", deadline=FAR))
+        with (faults.armed("receive.before_commit", crash_then_hand_out_the_same_id),
+              pytest.raises(postroom.OutcomeUnknown, match="restarted")):
+            store.receive(auth, envelope("important", deadline=FAR))
+        assert ids["theirs"] >= ids["ours"]  # its id went to another, committed transaction
+        assert count_tasks(store) == 1  # only the warm-up: nothing was stored
+        assert store.receive(auth, envelope("important", deadline=FAR)).duplicate is False
+
+
+@pytest.mark.parametrize(("status", "restarted", "assigned", "fate"), [
+    ("committed", False, True, "committed"),
+    ("aborted", False, True, "aborted"),
+    ("in progress", False, True, "in progress"),
+    (None, False, True, "aborted"),
+    ("committed", True, True, "ambiguous"),
+    ("aborted", True, True, "aborted"),
+    ("in progress", True, True, "aborted"),
+    (None, True, False, "aborted"),
+])
+def test_a_lost_commits_fate_is_read_from_its_id_only_when_the_id_is_surely_its_own(
+        status, restarted, assigned, fate):
+    assert lost_commit_fate(status, restarted=restarted, assigned=assigned) == fate
 
 # -- wake-ups across processes ------------------------------------------------------------------
 

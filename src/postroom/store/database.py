@@ -130,6 +130,11 @@ class Tx:
         self.wrote = True
         return self._dialect.execute(self._conn, sql, params)
 
+    def catch_up_time(self) -> None:
+        """Call after taking a lock that orders decisions: if a decision committed while this
+        transaction waited for it, ``now`` rises to that decision's time (never below)."""
+        self._dialect.catch_up_time(self)
+
     def notify(self, channel: str) -> None:
         """Announce new work on ``channel`` once this transaction commits.
 

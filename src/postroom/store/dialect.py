@@ -121,6 +121,11 @@ class Dialect(ABC):
         """The source's time for a transaction that keeps no high-water (reads, receivers)."""
         return clock.now()
 
+    def catch_up_time(self, tx: Tx) -> None:  # noqa: B027 - optional hook
+        """After ``tx`` took a lock that orders decisions, raise ``tx.now`` to any decision
+        time committed while it waited (nothing to do where write transactions run one at a
+        time, as on SQLite)."""
+
     def clock_shard(self, tx: Tx) -> int:
         """Which ``postroom_clock`` row this transaction's decision time is recorded in."""
         return 1

@@ -20,7 +20,10 @@ every transaction that committed before it started. A decision D that committed 
 its time into some row before its COMMIT, so the greatest row already includes it and the new
 decision time is at least D's. Transactions that overlap in time are concurrent: neither saw
 the other's decision, and any row both touch is serialized by its row lock and re-checked by
-the guarded statement, which compares against the row as the winner left it.
+the guarded statement, which compares against the row as the winner left it. A decision that
+waits for a lock and then reads what the lock's holder wrote has seen that decision, though:
+so after taking a lock that orders decisions (a wait's slot), ``catch_up_time`` reads the
+rows again and raises the transaction's time to them.
 
 **Commits and retries.** A failure before COMMIT is sent rolls the whole transaction back
 (the server discards an aborted or orphaned transaction), so it is ``StoreUnavailable`` and
@@ -34,7 +37,10 @@ round trip for all three), and a lost COMMIT is looked up on a fresh connection 
 ``pg_xact_status``: committed means the work is done and its result is returned as usual;
 aborted means nothing happened and it is ``StoreUnavailable`` (retried); still in progress is
 asked again; and if the server cannot be asked in time, the caller gets ``OutcomeUnknown``,
-which is never retried.
+which is never retried. The id is trusted only from the server that gave it: the note also
+holds the server's start time, and after a restart (a crash) an id that reads as committed
+may belong to a newcomer, since a crash forgets ids whose transactions left nothing durable,
+so that is ``OutcomeUnknown`` too (``lost_commit_fate``).
 
 **Wake-ups.** ``Tx.notify`` channels are sent with ``pg_notify`` inside the transaction, once
 per channel, so listeners hear of work only if it committed. A store has one NOTIFY channel,
@@ -79,7 +85,7 @@ from postroom.store.dialect import Dialect, Row
 if TYPE_CHECKING:
     from postroom.store.database import Tx
 
-__all__ = ["PostgresDialect", "ServerClock", "durability_warnings"]
+__all__ = ["PostgresDialect", "ServerClock", "durability_warnings", "lost_commit_fate"]
 
 #: Rows of the time high-water (the migration creates exactly these ids: 0 .. N-1).
 _CLOCK_SHARDS = 64
@@ -121,6 +127,7 @@ class ServerClock:
 _SERVER_NOW = "SELECT CAST(extract(epoch FROM clock_timestamp()) AS DOUBLE PRECISION) AS now"
 _BEFORE_COMMIT = (
     "SELECT CAST(pg_current_xact_id_if_assigned() AS TEXT) AS xid, "
+    "CAST(pg_postmaster_start_time() AS TEXT) AS server_started, "
     "(SELECT count(pg_notify(%(channel)s, payload)) "
     " FROM unnest(CAST(%(payloads)s AS TEXT[])) AS payload) AS notified")
 # The same, after advancing the high-water row with the shared ``clock_advance`` statement:
@@ -150,17 +157,43 @@ def durability_warnings(settings: Mapping[str, str]) -> list[str]:
                         "until someone runs VACUUM")
     return warnings
 
+# What a lost COMMIT's transaction id tells, on a new connection: its status, whether the
+# server restarted meanwhile, and whether the id has been handed out at all since then.
+_XACT_FATE = (
+    "SELECT pg_xact_status(CAST(%s AS xid8)), CAST(pg_postmaster_start_time() AS TEXT), "
+    "pg_snapshot_xmax(pg_current_snapshot()) > CAST(%s AS xid8)")
+
+
+def lost_commit_fate(status: str | None, *, restarted: bool, assigned: bool) -> str:
+    """``committed``, ``aborted``, ``in progress`` or ``ambiguous``: the fate of a transaction
+    whose COMMIT was lost, from what the server reports about its id.
+
+    Without a restart the id's status is the transaction's own. After a crash, every
+    transaction of the old server is committed (its commit record was flushed, so recovery
+    moved the id counter past it) or lost; a lost one's id may be handed out again. So an
+    id not handed out yet, or one that is aborted or in progress, means ours is lost; one
+    that reads as committed may be ours or a newcomer's, and no id lookup can tell which.
+    """
+    if status is None:
+        return "aborted"
+    if not restarted:
+        return status
+    if status == "committed" and assigned:
+        return "ambiguous"
+    return "aborted"
+
 
 class _Session:
     """One pooled connection lent for one transaction, and what a lost COMMIT needs."""
 
-    __slots__ = ("advance", "pg", "resolvable", "xid")
+    __slots__ = ("advance", "pg", "resolvable", "server_started", "xid")
 
     def __init__(self, pg: psycopg.Connection[Any]) -> None:
         self.pg = pg
         self.advance: dict[str, Any] | None = None  # the high-water to record at commit
         self.resolvable = False  # before_commit ran: ``xid`` is known (None: nothing written)
         self.xid: str | None = None
+        self.server_started: str | None = None  # when the server that gave ``xid`` started
 
 
 class PostgresDialect(Dialect):
@@ -253,6 +286,7 @@ class PostgresDialect(Dialect):
         """
         conn.resolvable = False
         conn.xid = None
+        conn.server_started = None
         conn.advance = None
         pg = conn.pg
         pg.isolation_level = (psycopg.IsolationLevel.READ_COMMITTED if write
@@ -278,7 +312,8 @@ class PostgresDialect(Dialect):
             if session.advance:
                 params.update(session.advance)
                 sql = self._advance_before_commit
-            session.xid = _one(self.execute(session, sql, params))["xid"]
+            row = _one(self.execute(session, sql, params))
+            session.xid, session.server_started = row["xid"], row["server_started"]
         session.resolvable = True
 
     @cached_property
@@ -304,12 +339,17 @@ class PostgresDialect(Dialect):
         deadline = time.monotonic() + self._resolve_timeout
         delay = 0.05
         while True:
-            status = self._transaction_status(conn.xid)
+            status = self._transaction_status(conn.xid, conn.server_started)
             if status == "committed":
                 return
             if status == "aborted":
                 raise StoreUnavailable(f"postgres: connection lost during COMMIT; transaction "
                                        f"{conn.xid} did not commit: {exc}") from exc
+            if status == "ambiguous":
+                raise OutcomeUnknown(
+                    f"postgres: connection lost during COMMIT of transaction {conn.xid}, and "
+                    f"the server restarted since: the id reads as committed, but after a "
+                    f"crash it may belong to a later transaction") from exc
             # "in progress" (the old session is still finishing) or the server is unreachable
             if time.monotonic() + delay > deadline:
                 raise OutcomeUnknown(
@@ -319,15 +359,19 @@ class PostgresDialect(Dialect):
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
 
-    def _transaction_status(self, xid: str) -> str | None:
+    def _transaction_status(self, xid: str, server_started: str | None) -> str | None:
         try:
             with psycopg.connect(self.url, autocommit=True,
                                  connect_timeout=max(1, int(self._connect_timeout))) as probe:
-                row = probe.execute("SELECT pg_xact_status(CAST(%s AS xid8))", [xid]).fetchone()
+                row = probe.execute(_XACT_FATE, [xid, xid]).fetchone()
         except psycopg.Error:
             return None
+        assert row is not None
+        status, started, assigned = row
         # NULL means the id is too old to be known: far older than a commit just sent.
-        return str(row[0]) if row is not None and row[0] is not None else "aborted"
+        return lost_commit_fate(None if status is None else str(status),
+                                restarted=str(started) != server_started,
+                                assigned=bool(assigned))
 
     def rollback(self, conn: _Session) -> None:
         """Roll back if a transaction is open; a dead connection is left for the pool to drop."""
@@ -440,6 +484,14 @@ class PostgresDialect(Dialect):
         if isinstance(clock, ServerClock):
             return float(_one(self.execute(tx.conn, _SERVER_NOW, None))["now"])
         return clock.now()
+
+    def catch_up_time(self, tx: Tx) -> None:
+        """Raise ``tx.now`` to the high-water committed while ``tx`` waited for a lock."""
+        row = tx.one("clock_read")
+        if row is not None and row["high_water"] is not None:
+            committed = float(row["high_water"])
+            tx.now = max(tx.now, committed)
+            tx.high_water = max(tx.high_water, committed)
 
     def clock_shard(self, tx: Tx) -> int:
         """The high-water row of this connection's server process (stable per connection)."""
