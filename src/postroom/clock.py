@@ -8,11 +8,25 @@ high-water lives in the store.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Clock", "ManualClock", "SystemClock"]
+from postroom.errors import InvalidInput
+
+__all__ = ["Clock", "ManualClock", "SystemClock", "finite_time"]
+
+
+def finite_time(value: float, field: str = "clock") -> float:
+    """``value`` as a float if it is a finite number of seconds; ``InvalidInput`` otherwise.
+
+    An infinite reading would become the high-water mark and end every lease, deadline and
+    wait at once, for good; NaN compares false with everything.
+    """
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise InvalidInput(field, f"read {value!r}, which is not a finite time in seconds")
+    return float(value)
 
 
 @runtime_checkable
@@ -43,7 +57,7 @@ class ManualClock:
     """
 
     def __init__(self, start: float = 1_000_000.0) -> None:
-        self._now = float(start)
+        self._now = finite_time(start, "start")
         self._lock = threading.Lock()
 
     def now(self) -> float:
@@ -53,13 +67,14 @@ class ManualClock:
 
     def set(self, when: float) -> None:
         """Jump to ``when`` (forwards or backwards)."""
+        when = finite_time(when, "when")
         with self._lock:
-            self._now = float(when)
+            self._now = when
 
     def advance(self, seconds: float) -> float:
         """Move by ``seconds`` (negative moves back) and return the new time."""
         with self._lock:
-            self._now += seconds
+            self._now = finite_time(self._now + finite_time(seconds, "seconds"), "seconds")
             return self._now
 
     def __repr__(self) -> str:

@@ -94,12 +94,15 @@ class Fenced(PostroomError):
     """The caller's claim is no longer the current one, so nothing was written.
 
     Raised when the task or reply is not in the expected state, the owner or fence does not
-    match, the lease has expired, or the deadline has passed.
+    match, the lease has expired, or the deadline has passed. ``decided_at`` is the decision
+    time when time decided it (a lease or deadline that ran out): the store keeps that time
+    as it keeps every decision's, so a clock stepping back cannot make the same call succeed.
     """
 
-    def __init__(self, identity: str, reason: str) -> None:
+    def __init__(self, identity: str, reason: str, *, decided_at: float | None = None) -> None:
         self.identity = identity
         self.reason = reason
+        self.decided_at = decided_at
         super().__init__(f"{identity}: {reason}")
 
 

@@ -12,7 +12,13 @@ from postroom.settings import Settings
 from postroom.store.database import Operation, Tx
 from postroom.store.wakeups import REPLIES_CHANNEL
 from postroom.transitions import ReplyContent, TaskDecision
-from postroom.validation import CheckedEnvelope, check_envelope, check_int, check_text
+from postroom.validation import (
+    FOLLOW_UP_NAMESPACES,
+    CheckedEnvelope,
+    check_envelope,
+    check_int,
+    check_text,
+)
 
 __all__ = ["RECEIVE", "RECEIVE_ATOMIC", "Parent", "authorize", "check", "check_follow_up",
            "check_position", "insert_replies", "insert_reply", "principal_of", "store_all",
@@ -29,10 +35,14 @@ def principal_of(settings: Settings, auth: AuthContext) -> str:
     if not isinstance(auth, AuthContext):
         raise Unauthorized("an AuthContext from a trusted adapter is required")
     try:
-        return check_text(auth.principal, "principal", max_bytes=settings.limits.text_bytes)
+        principal = check_text(auth.principal, "principal", max_bytes=settings.limits.text_bytes)
     except InvalidInput as exc:
         # No sender can equal such a principal, and it cannot key an identity either.
         raise Unauthorized(f"the principal is not a usable identity: {exc.problem}") from None
+    if principal.startswith(FOLLOW_UP_NAMESPACES):
+        raise Unauthorized(f"principal {principal!r} is reserved: names beginning with "
+                           f"{' or '.join(map(repr, FOLLOW_UP_NAMESPACES))} identify follow-ups")
+    return principal
 
 
 def authorize(settings: Settings, auth: AuthContext) -> str:
@@ -92,6 +102,9 @@ def check_position(settings: Settings, position: Position | None) -> Position | 
     """Validate an upstream stream position."""
     if position is None:
         return None
+    if not isinstance(position, Position):
+        raise InvalidInput("position", f"must be a Position or None, got "
+                                       f"{type(position).__name__}")
     check_text(position.stream, "position.stream", max_bytes=settings.limits.text_bytes)
     check_int(position.seq, "position.seq", low=1, high=_MAX_SEQ)
     return position

@@ -94,8 +94,13 @@ def _after(tx: Tx, settings: Settings, task_id: str, decision: TaskDecision) -> 
 
 
 def fenced(tx: Tx, claim: Claim) -> Fenced:
-    """Explain why ``claim`` is no longer current (read after the guarded update missed)."""
+    """Explain why ``claim`` is no longer current (read after the guarded update missed).
+
+    When only time stands in the way (the lease or the deadline ran out), the refusal carries
+    its decision time, which the store then keeps.
+    """
     row = tx.one("task_get", task_id=claim.task_id)
+    decided_at: float | None = None
     if row is None:
         reason = "no such task"
     elif row["state"] != TaskState.RUNNING:
@@ -103,11 +108,12 @@ def fenced(tx: Tx, claim: Claim) -> Fenced:
     elif row["owner"] != claim.owner or int(row["fence"]) != claim.fence:
         reason = (f"claimed by {row['owner']!r} with fence {row['fence']}; this claim is "
                   f"{claim.owner!r} with fence {claim.fence}")
-    elif float(row["lease_until"]) <= tx.now:
-        reason = f"the lease expired at {row['lease_until']} (now {tx.now})"
     else:
-        reason = f"the deadline {row['deadline']} passed (now {tx.now})"
-    return Fenced(f"task {claim.task_id}", reason)
+        decided_at = tx.now
+        reason = (f"the lease expired at {row['lease_until']} (now {tx.now})"
+                  if float(row["lease_until"]) <= tx.now
+                  else f"the deadline {row['deadline']} passed (now {tx.now})")
+    return Fenced(f"task {claim.task_id}", reason, decided_at=decided_at)
 
 
 def sweep(tx: Tx, settings: Settings, counts: SweepCounts) -> None:

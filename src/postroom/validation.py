@@ -81,13 +81,22 @@ def task_id_for(principal: str, message_id: str) -> str:
     return fingerprint(canonical_json([principal, message_id]))
 
 
+#: Principals beginning with these name the follow-ups of a task or of a wait; no caller may
+#: take one, or it could store a message under a follow-up's identity before postroom does
+#: and make every resume or finish that enqueues that follow-up a collision.
+FOLLOW_UP_NAMESPACES = ("task:", "wait:")
+
+#: The most UTF-8 bytes a ``task_id`` argument may have (ids are 64 hex characters).
+TASK_ID_BYTES = 128
+
+
 def follow_up_principal(parent_task_id: str) -> str:
     """The namespace in which a task's follow-ups are identified.
 
     Follow-ups are keyed by their parent, so a parent re-run after a crash produces the same
     ids, and a follow-up can never collide with a message its requester sent directly.
     """
-    return f"task:{parent_task_id}"
+    return FOLLOW_UP_NAMESPACES[0] + parent_task_id
 
 
 # -- scalar checks ----------------------------------------------------------------------------

@@ -56,6 +56,8 @@ from postroom.store.database import Operation, Tx
 from postroom.store.dialect import Row
 from postroom.transitions import WaitEnd
 from postroom.validation import (
+    FOLLOW_UP_NAMESPACES,
+    TASK_ID_BYTES,
     CheckedEnvelope,
     canonical_json,
     check_int,
@@ -188,7 +190,8 @@ def check_open(settings: Settings, *, flow: object, step: object, expected_gener
         deadline=check_number(deadline, "deadline"),
         request_id=None if request_id is None else check_text(request_id, "request_id",
                                                               max_bytes=limit),
-        task_id=None if task_id is None else check_text(task_id, "task_id", max_bytes=limit),
+        task_id=None if task_id is None else check_text(task_id, "task_id",
+                                                        max_bytes=TASK_ID_BYTES),
     )
 
 
@@ -226,7 +229,8 @@ def follow_up_namespace(address: WaitAddress) -> str:
     Keyed by the generation, so every generation may use the same ``message_id`` and a
     re-run of the same resume finds the same identity.
     """
-    return "wait:" + canonical_json([address.flow, address.step, address.generation])
+    return FOLLOW_UP_NAMESPACES[1] + canonical_json([address.flow, address.step,
+                                                     address.generation])
 
 
 # -- the operations (each inside the caller's transaction) -----------------------------------

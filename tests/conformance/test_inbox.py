@@ -276,3 +276,29 @@ def test_a_principal_that_cannot_be_an_identity_is_unauthorized(db_url, clock, p
         with pytest.raises(postroom.Unauthorized, match="principal"):
             store.watermark(auth, "feed")
         assert count_tasks(store) == 0
+
+
+@pytest.mark.parametrize("principal", ["task:0123abcd", 'wait:["f","s",1]'])
+def test_a_principal_in_a_follow_up_namespace_is_unauthorized(store, principal):
+    # Else it could take a follow-up's identity first and make its finish or resume collide.
+    auth = postroom.AuthContext(principal=principal)
+    with pytest.raises(postroom.Unauthorized, match="reserved"):
+        store.receive(auth, envelope("next"))
+    with pytest.raises(postroom.Unauthorized, match="reserved"):
+        store.signal(auth, "e-1", "f", "s", 1, "yes")
+    assert count_tasks(store) == 0
+
+
+def test_a_position_that_is_not_a_position_is_refused_naming_the_field(store, auth):
+    with pytest.raises(postroom.InvalidInput, match="position"):
+        store.receive(auth, envelope(), position=("feed", 1))  # type: ignore[arg-type]
+    assert count_tasks(store) == 0
+
+
+def test_a_batch_item_with_a_bad_position_fails_the_batch_after_the_committed_prefix(store,
+                                                                                   auth):
+    with pytest.raises(postroom.BatchFailed) as failed:
+        store.receive_batch(auth, [envelope("a"), envelope("b")],
+                            positions=[None, "feed#2"])  # type: ignore[list-item]
+    assert failed.value.index == 1 and len(failed.value.acks) == 1
+    assert count_tasks(store) == 1

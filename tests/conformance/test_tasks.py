@@ -304,6 +304,41 @@ def test_decisions_ignore_a_clock_that_steps_backwards(store, task_id, clock):
     assert again is not None and again.lease_until == START + 2 * store.settings.lease
 
 
+@pytest.mark.parametrize("call", ["finish", "renew", "fail"])
+def test_a_claim_refused_because_its_lease_ran_out_stays_refused_when_the_clock_steps_back(
+        store, task_id, clock, call):
+    claim = store.claim("w1")
+    clock.advance(store.settings.lease)
+    with pytest.raises(postroom.Fenced, match="lease expired"):
+        _stale_call(store, call, claim)
+    clock.set(START + 1)  # the host clock steps back to inside the old lease
+    with pytest.raises(postroom.Fenced, match="lease expired"):
+        _stale_call(store, call, claim)
+    assert store.task(task_id).state == TaskState.RUNNING and store.reply(task_id) is None
+
+
+def test_a_claim_refused_because_the_deadline_passed_stays_refused_when_the_clock_steps_back(
+        store, auth, clock):
+    ack = store.receive(auth, envelope(deadline=START + 5))
+    claim = store.claim("w1")
+    clock.advance(5)
+    with pytest.raises(postroom.Fenced, match="deadline"):
+        store.finish(claim, {})
+    clock.set(START + 1)
+    with pytest.raises(postroom.Fenced, match="deadline"):
+        store.finish(claim, {})
+    assert store.task(ack.task_id).state == TaskState.RUNNING
+
+
+def _stale_call(store: postroom.Store, call: str, claim: postroom.Claim) -> None:
+    if call == "finish":
+        store.finish(claim, {})
+    elif call == "renew":
+        store.renew(claim)
+    else:
+        store.fail(claim, "too slow")
+
+
 def test_reconcile_recovers_leases_and_expires_deadlines_without_claiming(store, auth, clock):
     running = store.receive(auth, envelope("run")).task_id
     store.claim("w1")

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
+import pytest
+
 import postroom
 from postroom import ExpireResult, OpenResult, SignalResult, WaitState
 from tests.support import START
@@ -57,3 +61,25 @@ def test_a_deadline_already_passed_opens_a_wait_the_next_signal_times_out(store,
     clock.set(START + 50)
     assert store.open_wait("f", "s", 0, START + 10).result is OpenResult.OPENED
     assert store.signal(ALICE, "e1", "f", "s", 1, "yes").result is SignalResult.TOO_LATE
+
+
+@pytest.mark.parametrize("reading", [math.inf, -math.inf, math.nan])
+def test_a_clock_reading_that_is_not_a_finite_time_is_refused_and_writes_nothing(
+        db_url, reading):
+    class Broken:
+        def now(self) -> float:
+            return reading
+
+    with (postroom.open_store(db_url, clock=Broken()) as broken,
+          pytest.raises(postroom.InvalidInput, match="clock")):
+        broken.open_wait("f", "s", 0, START + 10)
+    with postroom.open_store(db_url, clock=postroom.ManualClock(START)) as store:
+        assert store.info()["waits"] == {} and store.info()["time_high_water"] == 0.0
+
+
+@pytest.mark.parametrize("reading", [math.inf, math.nan])
+def test_a_manual_clock_cannot_be_set_to_a_time_that_is_not_finite(reading):
+    with pytest.raises(postroom.InvalidInput, match="when"):
+        postroom.ManualClock().set(reading)
+    with pytest.raises(postroom.InvalidInput, match="seconds"):
+        postroom.ManualClock().advance(reading)

@@ -129,3 +129,12 @@ def test_a_store_with_lower_limits_refuses_longer_addresses(db_url, clock):
     settings = postroom.Settings(limits=postroom.Limits(text_bytes=8))
     with postroom.open_store(db_url, clock=clock, settings=settings) as store:
         assert refused_field(store.open_wait, **(OPEN | {"flow": "123456789"})) == "flow"
+
+
+def test_open_wait_takes_a_task_id_whatever_the_text_limit(db_url, clock, auth):
+    settings = postroom.Settings(limits=postroom.Limits(text_bytes=16))
+    with postroom.open_store(db_url, clock=clock, settings=settings) as store:
+        parent = store.receive(auth, postroom.Envelope(message_id="ask", sender=auth.principal,
+                                                       deadline=START + 3600, payload={}))
+        opening = store.open_wait("f", "s", 0, START + 10, task_id=parent.task_id)
+    assert opening.result is OpenResult.OPENED

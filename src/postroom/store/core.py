@@ -53,6 +53,7 @@ from postroom.store.wakeups import REPLIES_CHANNEL, Waiter
 from postroom.transitions import reply_id_for
 from postroom.transports import Transport
 from postroom.validation import (
+    TASK_ID_BYTES,
     CheckedEnvelope,
     check_json,
     check_text,
@@ -213,7 +214,7 @@ class Store:
 
     def cancel(self, task_id: str, *, reason: str = "cancelled") -> bool:
         """Cancel a pending or running task; ``False`` if it is already terminal."""
-        check_text(task_id, "task_id", max_bytes=128)
+        check_text(task_id, "task_id", max_bytes=TASK_ID_BYTES)
         check_text(reason, "reason", max_bytes=4096)
         return self._db.run(tasks.CANCEL, lambda tx: tasks.cancel(
             tx, self._settings, task_id, reason=reason))

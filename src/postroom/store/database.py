@@ -19,8 +19,8 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from postroom import faults
-from postroom.clock import Clock
-from postroom.errors import PostroomError, SchemaError, StoreUnavailable
+from postroom.clock import Clock, finite_time
+from postroom.errors import Fenced, PostroomError, SchemaError, StoreUnavailable
 from postroom.store.dialect import Dialect, Row
 from postroom.store.queries import QuerySet
 
@@ -172,11 +172,19 @@ class Database:
     def transaction(self, op: Operation) -> Iterator[Tx]:
         """A write transaction named ``op``; see the module docstring."""
         dialect = self.dialect
+        refused: Fenced | None = None
         with self._open(write=True) as conn:
             tx = Tx(conn, dialect, op)
             tx.now = (dialect.decision_time(tx, self.clock) if self._track_time
-                      else dialect.current_time(tx, self.clock))
-            yield tx
+                      else finite_time(dialect.current_time(tx, self.clock)))
+            try:
+                yield tx
+            except Fenced as exc:
+                # Time refused the call (a lease or deadline ran out) and nothing was written:
+                # commit that time like any decision's, then refuse.
+                if exc.decided_at is None or tx.wrote or not self._track_time:
+                    raise
+                refused, tx.wrote = exc, True
             if self._track_time:
                 dialect.record_time(tx)
             dialect.before_commit(tx)
@@ -184,6 +192,8 @@ class Database:
             dialect.commit(conn)
             dialect.after_commit(tx)
         faults.hit(op.after)
+        if refused is not None:
+            raise refused
 
     def run(self, op: Operation, work: Callable[[Tx], T]) -> T:
         """Run ``work(tx)`` in a write transaction named ``op`` and return its result.
@@ -222,7 +232,7 @@ class Database:
         """A read-only transaction: one consistent snapshot, no fault points."""
         with self._open(write=False) as conn:
             tx = Tx(conn, self.dialect, None)
-            tx.now = self.dialect.current_time(tx, self.clock)
+            tx.now = finite_time(self.dialect.current_time(tx, self.clock))
             yield tx
             self.dialect.rollback(conn)
 

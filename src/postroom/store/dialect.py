@@ -22,7 +22,7 @@ from functools import cached_property
 from importlib import resources
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from postroom.clock import Clock, SystemClock
+from postroom.clock import Clock, SystemClock, finite_time
 from postroom.store.queries import QuerySet, load_queries
 from postroom.store.wakeups import Wakeups
 
@@ -111,7 +111,7 @@ class Dialect(ABC):
         high_water = (float(row["high_water"])
                       if row is not None and row["high_water"] is not None else 0.0)
         tx.high_water = high_water
-        return max(self.source_time(clock, row), high_water)
+        return max(finite_time(self.source_time(clock, row)), high_water)
 
     def source_time(self, clock: Clock, row: Row | None) -> float:
         """The time source's reading for a decision (``row`` is the ``clock_read`` row)."""
