@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 import postroom
@@ -216,6 +218,53 @@ def test_pruning_forgets_sent_terminal_messages_past_retention(db_url, clock, ma
         again = store.receive(auth, envelope(deadline=START + 86_400))
         assert again.task_id == first.task_id and not again.duplicate
         assert store.task(again.task_id).state == postroom.TaskState.PENDING
+
+
+@pytest.fixture
+def pruning(db_url, clock, make_url) -> Iterator[tuple[postroom.Store,
+                                                       postroom.InProcessTransport]]:
+    """A store that prunes what is a minute past, and a transport to a receiver."""
+    with postroom.open_store(db_url, clock=clock,
+                             settings=postroom.Settings(retention=60.0)) as store, \
+            postroom.Receiver.open(make_url("receiver")) as receiver:
+        yield store, postroom.InProcessTransport(receiver)
+
+
+def test_a_claim_on_a_pruned_task_never_matches_the_new_task_of_its_identity(pruning, auth,
+                                                                           clock):
+    store, transport = pruning
+    task_id = store.receive(auth, envelope("job", deadline=START + 86_400)).task_id
+    stale = store.claim("w1", lease=30)  # fence 1; this worker hangs
+    clock.advance(31)
+    store.finish(store.claim("w2", lease=30), {"by": "w2"})  # fence 2
+    store.dispatch(transport)
+    clock.advance(61)
+    assert store.prune() == 1
+    store.receive(auth, envelope("job", deadline=START + 86_400, payload={"x": "new"}))
+    current = store.claim("w1", lease=30)  # the same owner name, on the new task
+    assert current.task_id == task_id and current.fence == 3
+    with pytest.raises(postroom.Fenced, match="fence 3"):
+        store.finish(stale, {"answer_to": "the old question"})
+    store.finish(current, {"answer_to": "the new question"})
+    assert store.task(task_id).result == {"answer_to": "the new question"}
+
+
+def test_a_delivery_claim_on_a_pruned_reply_never_matches_the_new_reply(pruning, auth, clock):
+    store, transport = pruning
+    task_id = store.receive(auth, envelope("job", deadline=START + 86_400)).task_id
+    store.finish(store.claim("w"), {"v": 1})
+    [stale] = store.claim_replies("dispatcher", lease=20)  # fence 1; this publisher hangs
+    clock.advance(21)
+    assert store.dispatch(transport).sent == 1  # recovered (fence 2) and delivered
+    clock.advance(61)
+    assert store.prune() == 1
+    store.receive(auth, envelope("job", deadline=START + 86_400, payload={"x": 2}))
+    store.finish(store.claim("w"), {"v": 2})
+    [current] = store.claim_replies("dispatcher", lease=20)
+    assert current.fence == 3
+    with pytest.raises(postroom.Fenced):
+        store.record_delivery(stale, postroom.Outcome.delivered())
+    assert store.reply(task_id).state == postroom.ReplyState.SENDING
 
 
 def test_pruning_keeps_live_tasks_and_unsent_replies(db_url, clock):

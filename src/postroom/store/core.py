@@ -450,6 +450,12 @@ class Store:
     def _prune_once(self, tx: Tx) -> int:
         cutoff = tx.now - self._settings.retention
         rows = tx.all("tasks_prunable", cutoff=cutoff, limit=self._settings.sweep_limit)
+        if rows:
+            # A claim on a pruned task (reply) may still be held: keep its fence from coming
+            # back on a new one with the same identity.
+            tx.run("fence_floor_raise", kind="task", floor=max(int(r["task_fence"]) for r in rows))
+            tx.run("fence_floor_raise", kind="reply",
+                   floor=max(int(r["reply_fence"]) for r in rows))
         for row in rows:
             task_id = row["task_id"]
             tx.run("prune_stream_positions", task_id=task_id)

@@ -2,11 +2,12 @@
 -- and fence exactly like task transitions.
 
 -- name: reply_insert
--- Write a terminal task's reply; its id and content never change afterwards.
+-- Write a terminal task's reply; its id and content never change afterwards. Its fence
+-- starts at the floor of replies (see fence_floor_raise in tasks.sql).
 INSERT INTO replies (reply_id, task_id, status, body, fingerprint, state, attempts, budget,
                      fence, available_at, created_at, updated_at)
 VALUES (:reply_id, :task_id, :status, :body, :fingerprint, 'pending', 0, :budget,
-        0, :now, :now, :now)
+        (SELECT floor FROM postroom_fence_floors WHERE kind = 'reply'), :now, :now, :now)
 
 -- name: reply_get
 -- One reply, whole, by its task.

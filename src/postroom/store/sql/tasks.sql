@@ -23,12 +23,13 @@ RETURNING task_id
 SELECT fingerprint FROM inbox WHERE task_id = :task_id
 
 -- name: task_insert
--- Create the task of a newly stored message.
+-- Create the task of a newly stored message; its fence starts at the floor (see fence_floor_raise).
 INSERT INTO tasks (task_id, principal, message_id, queue, state, payload, deadline,
                    max_attempts, hops, parent_task_id, correlation_id, attempts, fence,
                    available_at, result, last_error, created_at, updated_at)
 VALUES (:task_id, :principal, :message_id, :queue, :state, :payload, :deadline,
-        :max_attempts, :hops, :parent_task_id, :correlation_id, 0, 0,
+        :max_attempts, :hops, :parent_task_id, :correlation_id, 0,
+        (SELECT floor FROM postroom_fence_floors WHERE kind = 'task'),
         :now, :result, :last_error, :now, :now)
 
 -- name: stream_position_insert
@@ -146,7 +147,7 @@ RETURNING lease_until
 -- name: tasks_prunable
 -- Stored messages past retention whose task is terminal and whose reply was sent, and that
 -- no wait still needs as the parent of its follow-up (waiting, or continuation unconsumed).
-SELECT inbox.task_id FROM inbox
+SELECT inbox.task_id, tasks.fence AS task_fence, replies.fence AS reply_fence FROM inbox
 JOIN tasks ON tasks.task_id = inbox.task_id
 JOIN replies ON replies.task_id = inbox.task_id
 WHERE inbox.received_at < :cutoff
@@ -160,6 +161,10 @@ WHERE inbox.received_at < :cutoff
       WHERE waits.task_id = inbox.task_id AND wait_continuations.consumed_at IS NULL)
 ORDER BY inbox.received_at
 LIMIT :limit
+
+-- name: fence_floor_raise
+-- Before pruning tasks (replies): no new one may start at or below a fence they reached.
+UPDATE postroom_fence_floors SET floor = :floor WHERE kind = :kind AND floor < :floor
 
 -- name: prune_stream_positions
 -- Forget the stream positions of a pruned message.
