@@ -13,7 +13,12 @@ from psycopg_pool import PoolTimeout
 import postroom
 from postroom import faults
 from postroom.store import Database, dialect_for_url
-from postroom.store.postgres import _CLOCK_SHARDS, PostgresDialect, durability_warnings
+from postroom.store.postgres import (
+    _CLOCK_SHARDS,
+    NETWORK,
+    PostgresDialect,
+    durability_warnings,
+)
 from tests.support import START, envelope
 
 
@@ -146,6 +151,23 @@ def test_store_sessions_carry_an_idle_in_transaction_guard(pg_store):
     with dialect.connection() as conn:
         value = dialect.execute(conn, "SHOW idle_in_transaction_session_timeout", ()).fetchone()
     assert value["idle_in_transaction_session_timeout"] == "1min"
+
+
+def test_store_sessions_notice_a_vanished_server_within_about_a_minute(pg_store):
+    dialect = pg_store.database.dialect
+    with dialect.connection() as conn:
+        parameters = conn.pg.info.get_parameters()
+    assert {name: parameters.get(name) for name in NETWORK} == {
+        "keepalives": "1", "keepalives_idle": "30", "keepalives_interval": "10",
+        "keepalives_count": "3", "tcp_user_timeout": "60000"}
+
+
+def test_network_settings_given_in_the_url_are_kept(pg_url):
+    with postroom.open_store(pg_url + "&keepalives_idle=7") as store:
+        dialect = store.database.dialect
+        with dialect.connection() as conn:
+            parameters = conn.pg.info.get_parameters()
+    assert parameters["keepalives_idle"] == "7" and parameters["keepalives_count"] == "3"
 
 
 def test_a_session_idle_inside_a_transaction_is_ended_and_its_locks_released(

@@ -69,6 +69,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import psycopg
 import psycopg.errors
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
@@ -85,7 +86,8 @@ from postroom.store.dialect import Dialect, Row
 if TYPE_CHECKING:
     from postroom.store.database import Tx
 
-__all__ = ["PostgresDialect", "ServerClock", "durability_warnings", "lost_commit_fate"]
+__all__ = ["NETWORK", "PostgresDialect", "ServerClock", "durability_warnings",
+           "lost_commit_fate"]
 
 #: Rows of the time high-water (the migration creates exactly these ids: 0 .. N-1).
 _CLOCK_SHARDS = 64
@@ -135,6 +137,13 @@ _BEFORE_COMMIT = (
 _ADVANCE_BEFORE_COMMIT = (
     "WITH advanced AS ({advance} RETURNING id) " + _BEFORE_COMMIT
     + " FROM (SELECT count(*) AS advanced FROM advanced) AS clock")
+
+#: A peer that vanished (a host powered off, a network partition) is noticed within about a
+#: minute rather than the operating system's hours: keepalive probes on idle connections (the
+#: listener idles on one), and a bound on how long sent data may stay unacknowledged. A URL
+#: that sets any of these keeps its own value.
+NETWORK: dict[str, int] = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
+                           "keepalives_count": 3, "tcp_user_timeout": 60_000}
 
 _DURABILITY_SETTINGS = ("fsync", "synchronous_commit", "full_page_writes", "autovacuum")
 
@@ -227,9 +236,8 @@ class PostgresDialect(Dialect):
         self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             url, min_size=min_size, max_size=max_size, open=False, timeout=connect_timeout,
             name="postroom", configure=self._configure,
-            kwargs={"row_factory": dict_row, "autocommit": False,
-                    "connect_timeout": max(1, int(connect_timeout)),
-                    "application_name": "postroom"})
+            kwargs=self.connect_options(row_factory=dict_row, autocommit=False,
+                                        application_name="postroom"))
         try:
             self._pool.open(wait=True, timeout=connect_timeout)
         except PoolTimeout as exc:
@@ -243,6 +251,14 @@ class PostgresDialect(Dialect):
             self.rollback(session)
         #: The NOTIFY channel of this store (PostgreSQL caps names at 63 bytes).
         self.channel = ("postroom." + schema).encode()[:63].decode(errors="ignore")
+
+    def connect_options(self, **options: Any) -> dict[str, Any]:
+        """Keyword arguments for a connection of this store: ``options``, the connect timeout,
+        and the network settings of ``NETWORK`` that the URL does not set itself."""
+        given = conninfo_to_dict(self.url)
+        return {"connect_timeout": max(1, int(self._connect_timeout)),
+                **{name: value for name, value in NETWORK.items() if name not in given},
+                **options}
 
     def _configure(self, pg: psycopg.Connection[Any]) -> None:
         pg.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
@@ -361,8 +377,7 @@ class PostgresDialect(Dialect):
 
     def _transaction_status(self, xid: str, server_started: str | None) -> str | None:
         try:
-            with psycopg.connect(self.url, autocommit=True,
-                                 connect_timeout=max(1, int(self._connect_timeout))) as probe:
+            with psycopg.connect(self.url, **self.connect_options(autocommit=True)) as probe:
                 row = probe.execute(_XACT_FATE, [xid, xid]).fetchone()
         except psycopg.Error:
             return None
@@ -538,9 +553,8 @@ class _Listener(threading.Thread):
         delay = 0.05
         while not self._stopping.is_set():
             try:
-                with psycopg.connect(self._dialect.url, autocommit=True,
-                                     connect_timeout=max(1, int(self._dialect._connect_timeout)),
-                                     application_name="postroom-listener") as pg:
+                with psycopg.connect(self._dialect.url, **self._dialect.connect_options(
+                        autocommit=True, application_name="postroom-listener")) as pg:
                     pg.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._dialect.channel)))
                     delay = 0.05
                     self.listening.set()
