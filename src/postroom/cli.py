@@ -79,7 +79,11 @@ def init(url: str) -> None:
 @main.command()
 @click.argument("url")
 def info(url: str) -> None:
-    """Show a store's settings (retention included), schema version and counts."""
+    """Show a store's settings (retention included), schema version and counts.
+
+    Also the database settings durability depends on, with a warning for each weak one
+    (PostgreSQL with fsync or synchronous_commit off, say).
+    """
     from postroom.store.core import open_store
 
     with open_store(url) as store:
