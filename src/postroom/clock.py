@@ -24,7 +24,8 @@ def finite_time(value: float, field: str = "clock") -> float:
     An infinite reading would become the high-water mark and end every lease, deadline and
     wait at once, for good; NaN compares false with everything.
     """
-    if type(value) not in (int, float) or not math.isfinite(value):
+    if (not isinstance(value, (int, float)) or isinstance(value, bool)
+            or not math.isfinite(value)):
         raise InvalidInput(field, f"read {value!r}, which is not a finite time in seconds")
     return float(value)
 

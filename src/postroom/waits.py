@@ -384,6 +384,8 @@ def resume(tx: Tx, settings: Settings, address: WaitAddress,
     """
     where = {"flow": address.flow, "step": address.step, "generation": address.generation}
     row = tx.one("continuation_get", **where)
+    # It may have been written by a decision that committed after this one took its time.
+    tx.catch_up_time()
     if row is None:
         raise NotFound(f"{address} has no continuation: it is still waiting, or there is no "
                        f"such wait")

@@ -83,3 +83,15 @@ def test_a_manual_clock_cannot_be_set_to_a_time_that_is_not_finite(reading):
         postroom.ManualClock().set(reading)
     with pytest.raises(postroom.InvalidInput, match="seconds"):
         postroom.ManualClock().advance(reading)
+
+
+def test_a_clock_may_read_any_kind_of_float(db_url):
+    class Seconds(float):  # e.g. numpy.float64
+        pass
+
+    class Subclassed:
+        def now(self) -> float:
+            return Seconds(START)
+
+    with postroom.open_store(db_url, clock=Subclassed()) as store:
+        assert store.open_wait("f", "s", 0, START + 10).result is OpenResult.OPENED

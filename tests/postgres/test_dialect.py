@@ -144,6 +144,42 @@ def test_a_decision_made_after_waiting_for_a_slot_lock_is_not_earlier_than_the_h
     assert out["answer"].result is postroom.SignalResult.TOO_LATE  # as on SQLite
     assert out["answer"].received_at == START + 101
 
+
+def test_a_resume_that_reads_a_continuation_committed_after_its_time_uses_the_later_time(
+        pg_url, auth):
+    with postroom.open_store(pg_url, clock=postroom.ManualClock(START)) as setup:
+        setup.open_wait("f", "s", 0, START + 500)
+    early = postroom.open_store(pg_url, clock=postroom.ManualClock(START + 100))
+    late = postroom.open_store(pg_url, clock=postroom.ManualClock(START + 101))
+    timed, go, out = threading.Event(), threading.Event(), {}
+    dialect = early.database.dialect
+    decide = dialect.decision_time
+
+    def take_the_time_then_pause(tx, clock):
+        now = decide(tx, clock)
+        timed.set()
+        go.wait(30)
+        return now
+
+    dialect.decision_time = take_the_time_then_pause
+
+    def resume() -> None:  # takes START + 100, then reads the continuation
+        out["resumed"] = early.resume("f", "s", 1, None)
+
+    resumer = threading.Thread(target=resume)
+    resumer.start()
+    assert timed.wait(30)
+    late.signal(auth, "e1", "f", "s", 1, "yes")  # the continuation, at START + 101
+    go.set()
+    resumer.join(30)
+    early.close()
+    with raw(pg_url) as conn:
+        created, consumed = conn.execute(
+            "SELECT created_at, consumed_at FROM wait_continuations").fetchone()
+    late.close()
+    assert out["resumed"].result is postroom.ResumeResult.RESUMED
+    assert (created, consumed) == (START + 101, START + 101)
+
 # -- sessions -----------------------------------------------------------------------------------
 
 def test_store_sessions_carry_an_idle_in_transaction_guard(pg_store):

@@ -37,10 +37,10 @@ round trip for all three), and a lost COMMIT is looked up on a fresh connection 
 ``pg_xact_status``: committed means the work is done and its result is returned as usual;
 aborted means nothing happened and it is ``StoreUnavailable`` (retried); still in progress is
 asked again; and if the server cannot be asked in time, the caller gets ``OutcomeUnknown``,
-which is never retried. The id is trusted only from the server that gave it: the note also
-holds the server's start time, and after a restart (a crash) an id that reads as committed
-may belong to a newcomer, since a crash forgets ids whose transactions left nothing durable,
-so that is ``OutcomeUnknown`` too (``lost_commit_fate``).
+which is never retried. The id is trusted only from the life of the server that gave it
+(``_INCARNATION``, noted with the id): a crash forgets ids whose transactions left nothing
+durable and hands them out again, so after one an id that reads as committed may be a
+newcomer's, and that is ``OutcomeUnknown`` too (``lost_commit_fate``).
 
 **Wake-ups.** ``Tx.notify`` channels are sent with ``pg_notify`` inside the transaction, once
 per channel, so listeners hear of work only if it committed. A store has one NOTIFY channel,
@@ -127,9 +127,16 @@ class ServerClock:
 
 
 _SERVER_NOW = "SELECT CAST(extract(epoch FROM clock_timestamp()) AS DOUBLE PRECISION) AS now"
+# Which life of the server a transaction id comes from. A restart changes the postmaster's
+# start time; a crash of one server process makes the postmaster end every session and run
+# crash recovery without restarting, and recovery discards the cumulative statistics, which
+# stamps a new reset time on them (checked on PostgreSQL 15). A manual statistics reset
+# looks the same: that only turns a lost COMMIT's answer into OutcomeUnknown, never a guess.
+_INCARNATION = ("CAST(pg_postmaster_start_time() AS TEXT) || ' ' || "
+                "coalesce(CAST(pg_stat_get_bgwriter_stat_reset_time() AS TEXT), '')")
 _BEFORE_COMMIT = (
     "SELECT CAST(pg_current_xact_id_if_assigned() AS TEXT) AS xid, "
-    "CAST(pg_postmaster_start_time() AS TEXT) AS server_started, "
+    f"{_INCARNATION} AS incarnation, "
     "(SELECT count(pg_notify(%(channel)s, payload)) "
     " FROM unnest(CAST(%(payloads)s AS TEXT[])) AS payload) AS notified")
 # The same, after advancing the high-water row with the shared ``clock_advance`` statement:
@@ -168,9 +175,12 @@ def durability_warnings(settings: Mapping[str, str]) -> list[str]:
 
 # What a lost COMMIT's transaction id tells, on a new connection: its status, whether the
 # server restarted meanwhile, and whether the id has been handed out at all since then.
+# (An id not handed out yet, which only a crash can cause, makes pg_xact_status raise: the
+# CASE asks only about ids that were.)
 _XACT_FATE = (
-    "SELECT pg_xact_status(CAST(%s AS xid8)), CAST(pg_postmaster_start_time() AS TEXT), "
-    "pg_snapshot_xmax(pg_current_snapshot()) > CAST(%s AS xid8)")
+    "SELECT CASE WHEN assigned THEN pg_xact_status(CAST(%(xid)s AS xid8)) END, incarnation, "
+    "assigned FROM (SELECT pg_snapshot_xmax(pg_current_snapshot()) > CAST(%(xid)s AS xid8) "
+    f"AS assigned, {_INCARNATION} AS incarnation) AS server")
 
 
 def lost_commit_fate(status: str | None, *, restarted: bool, assigned: bool) -> str:
@@ -195,14 +205,14 @@ def lost_commit_fate(status: str | None, *, restarted: bool, assigned: bool) -> 
 class _Session:
     """One pooled connection lent for one transaction, and what a lost COMMIT needs."""
 
-    __slots__ = ("advance", "pg", "resolvable", "server_started", "xid")
+    __slots__ = ("advance", "incarnation", "pg", "resolvable", "xid")
 
     def __init__(self, pg: psycopg.Connection[Any]) -> None:
         self.pg = pg
         self.advance: dict[str, Any] | None = None  # the high-water to record at commit
         self.resolvable = False  # before_commit ran: ``xid`` is known (None: nothing written)
         self.xid: str | None = None
-        self.server_started: str | None = None  # when the server that gave ``xid`` started
+        self.incarnation: str | None = None  # the life of the server that gave ``xid``
 
 
 class PostgresDialect(Dialect):
@@ -302,7 +312,7 @@ class PostgresDialect(Dialect):
         """
         conn.resolvable = False
         conn.xid = None
-        conn.server_started = None
+        conn.incarnation = None
         conn.advance = None
         pg = conn.pg
         pg.isolation_level = (psycopg.IsolationLevel.READ_COMMITTED if write
@@ -329,7 +339,7 @@ class PostgresDialect(Dialect):
                 params.update(session.advance)
                 sql = self._advance_before_commit
             row = _one(self.execute(session, sql, params))
-            session.xid, session.server_started = row["xid"], row["server_started"]
+            session.xid, session.incarnation = row["xid"], row["incarnation"]
         session.resolvable = True
 
     @cached_property
@@ -355,7 +365,7 @@ class PostgresDialect(Dialect):
         deadline = time.monotonic() + self._resolve_timeout
         delay = 0.05
         while True:
-            status = self._transaction_status(conn.xid, conn.server_started)
+            status = self._transaction_status(conn.xid, conn.incarnation)
             if status == "committed":
                 return
             if status == "aborted":
@@ -364,8 +374,8 @@ class PostgresDialect(Dialect):
             if status == "ambiguous":
                 raise OutcomeUnknown(
                     f"postgres: connection lost during COMMIT of transaction {conn.xid}, and "
-                    f"the server restarted since: the id reads as committed, but after a "
-                    f"crash it may belong to a later transaction") from exc
+                    f"the server crashed or restarted since: the id reads as committed, but "
+                    f"after a crash it may belong to a later transaction") from exc
             # "in progress" (the old session is still finishing) or the server is unreachable
             if time.monotonic() + delay > deadline:
                 raise OutcomeUnknown(
@@ -375,18 +385,17 @@ class PostgresDialect(Dialect):
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
 
-    def _transaction_status(self, xid: str, server_started: str | None) -> str | None:
+    def _transaction_status(self, xid: str, incarnation: str | None) -> str | None:
         try:
             with psycopg.connect(self.url, **self.connect_options(autocommit=True)) as probe:
-                row = probe.execute(_XACT_FATE, [xid, xid]).fetchone()
+                row = probe.execute(_XACT_FATE, {"xid": xid}).fetchone()
         except psycopg.Error:
             return None
         assert row is not None
-        status, started, assigned = row
-        # NULL means the id is too old to be known: far older than a commit just sent.
+        status, now_serving, assigned = row
+        # NULL also means an id too old to be known: far older than a commit just sent.
         return lost_commit_fate(None if status is None else str(status),
-                                restarted=str(started) != server_started,
-                                assigned=bool(assigned))
+                                restarted=now_serving != incarnation, assigned=bool(assigned))
 
     def rollback(self, conn: _Session) -> None:
         """Roll back if a transaction is open; a dead connection is left for the pool to drop."""
