@@ -8,7 +8,10 @@ Every write postroom makes goes through ``Database.transaction(operation)``, whi
 4. persists the high-water if anything was written, lets the dialect emit the wake-ups the
    transaction announced (``Tx.notify``), passes ``<op>.before_commit``, commits, wakes this
    process's waiters, passes ``<op>.after_commit``,
-5. rolls back on any exception and translates driver errors into postroom's tree.
+5. rolls back on any exception and translates driver errors into postroom's tree, except a
+   ``Fenced`` that time decided (``decided_at``: a lease or deadline ran out) in a transaction
+   that wrote nothing: that refusal is a decision too, so its time is committed (step 4)
+   before it is raised, and a clock stepping back cannot reverse it.
 """
 
 from __future__ import annotations
@@ -131,8 +134,8 @@ class Tx:
         return self._dialect.execute(self._conn, sql, params)
 
     def catch_up_time(self) -> None:
-        """Call after taking a lock that orders decisions: if a decision committed while this
-        transaction waited for it, ``now`` rises to that decision's time (never below)."""
+        """Call after a lock or a read that may see what a decision committed after this
+        transaction took its time: ``now`` rises to that decision's time (never falls)."""
         self._dialect.catch_up_time(self)
 
     def notify(self, channel: str) -> None:

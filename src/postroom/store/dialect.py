@@ -122,9 +122,9 @@ class Dialect(ABC):
         return clock.now()
 
     def catch_up_time(self, tx: Tx) -> None:  # noqa: B027 - optional hook
-        """After ``tx`` took a lock that orders decisions, raise ``tx.now`` to any decision
-        time committed while it waited (nothing to do where write transactions run one at a
-        time, as on SQLite)."""
+        """After ``tx`` took a lock or read a row that a later decision may have committed,
+        raise ``tx.now`` to the decision times committed since it began (nothing to do where
+        write transactions run one at a time, as on SQLite)."""
 
     def clock_shard(self, tx: Tx) -> int:
         """Which ``postroom_clock`` row this transaction's decision time is recorded in."""

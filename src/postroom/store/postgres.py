@@ -22,8 +22,9 @@ decision time is at least D's. Transactions that overlap in time are concurrent:
 the other's decision, and any row both touch is serialized by its row lock and re-checked by
 the guarded statement, which compares against the row as the winner left it. A decision that
 waits for a lock and then reads what the lock's holder wrote has seen that decision, though:
-so after taking a lock that orders decisions (a wait's slot), ``catch_up_time`` reads the
-rows again and raises the transaction's time to them.
+so after taking a lock that orders decisions (a wait's slot), or reading a row a later
+decision may have written (a continuation), ``catch_up_time`` reads the rows again and raises
+the transaction's time to them.
 
 **Commits and retries.** A failure before COMMIT is sent rolls the whole transaction back
 (the server discards an aborted or orphaned transaction), so it is ``StoreUnavailable`` and
@@ -173,8 +174,9 @@ def durability_warnings(settings: Mapping[str, str]) -> list[str]:
                         "until someone runs VACUUM")
     return warnings
 
+
 # What a lost COMMIT's transaction id tells, on a new connection: its status, whether the
-# server restarted meanwhile, and whether the id has been handed out at all since then.
+# server crashed or restarted meanwhile, and whether the id has been handed out since then.
 # (An id not handed out yet, which only a crash can cause, makes pg_xact_status raise: the
 # CASE asks only about ids that were.)
 _XACT_FATE = (
@@ -510,7 +512,7 @@ class PostgresDialect(Dialect):
         return clock.now()
 
     def catch_up_time(self, tx: Tx) -> None:
-        """Raise ``tx.now`` to the high-water committed while ``tx`` waited for a lock."""
+        """Raise ``tx.now`` to the high-water committed since ``tx`` took its time."""
         row = tx.one("clock_read")
         if row is not None and row["high_water"] is not None:
             committed = float(row["high_water"])
