@@ -3,7 +3,9 @@
 A transport is one method: ``deliver(batch) -> outcomes``, one ``Outcome`` per reply in
 order. Raising instead counts as a transient failure of the whole batch (the dispatcher
 cannot know what the far side committed), so a transport only has to be honest about what
-it knows.
+it knows. Raising ``PayloadCollision`` or ``PermanentDeliveryError`` is a refusal: for a
+batch of one it is that reply's outcome; for a longer batch the dispatcher cannot tell which
+reply was refused, so it delivers the batch again one reply at a time.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import pytest
 import postroom
 from postroom import Outcome, ReplyState, TaskState, faults
 from postroom.outbox import AFTER_REMOTE_COMMIT
+from postroom.validation import canonical_json
 from tests.support import envelope
 
 
@@ -107,6 +108,34 @@ def test_a_collision_makes_the_reply_dead_at_once(store, done_task, transport):
 def test_a_permanent_refusal_makes_the_reply_dead(store, done_task, transport):
     store.dispatch(Scripted(transport, Outcome.permanent("HTTP 410")))
     assert store.reply(done_task).state == ReplyState.DEAD
+
+
+class OneAtATime:
+    """A transport that sends one request per reply, as a webhook does: a receiver's refusal
+    of one reply is raised and ends the batch, after the replies before it committed."""
+
+    def __init__(self, receiver: postroom.Receiver) -> None:
+        self.receiver = receiver
+
+    def deliver(self, batch):
+        for item in batch:
+            self.receiver.accept(item.reply_id, item.body)  # raises PayloadCollision
+        return [Outcome.delivered() for _ in batch]
+
+
+def test_a_refusal_raised_for_a_batch_makes_only_the_refused_reply_dead(store, auth, receiver):
+    tasks = [ack.task_id for ack in store.receive_atomic(auth, [envelope(f"m-{i}")
+                                                                for i in range(3)])]
+    store.finish_batch([(claim, {"n": 1}) for claim in store.claim_batch("w", 3)])
+    refused = tasks[1]  # the receiver already holds other content under its reply_id
+    receiver.accept("reply:" + refused, canonical_json(
+        {"kind": "result", "result": "other", "status": "done", "task_id": refused}))
+    report = store.dispatch(OneAtATime(receiver), limit=3)
+    assert (report.sent, report.dead) == (2, 1)
+    assert {task_id: store.reply(task_id).state for task_id in tasks} == {
+        tasks[0]: ReplyState.SENT, refused: ReplyState.DEAD, tasks[2]: ReplyState.SENT}
+    assert store.reply(refused).last_error.startswith("collision")
+    assert [receiver.effect_count("reply:" + task_id) for task_id in tasks] == [1, 1, 1]
 
 
 def test_a_stale_publisher_is_fenced(store, done_task, clock):

@@ -580,10 +580,15 @@ def _deliver(transport: Transport, claims: Sequence[ReplyClaim]) -> list[Outcome
     batch = [claim.outgoing() for claim in claims]
     try:
         answered = transport.deliver(batch)
-    except PayloadCollision as exc:
-        return [Outcome.collision(str(exc))] * len(claims)
-    except PermanentDeliveryError as exc:
-        return [Outcome.permanent(str(exc))] * len(claims)
+    except (PayloadCollision, PermanentDeliveryError) as exc:
+        if len(claims) > 1:
+            # A refusal raised for a whole batch belongs to one reply we cannot name, and the
+            # others may be committed far away: ask again one reply at a time (the receiver
+            # dedupes), so that only the refused one is dead.
+            return [outcome for claim in claims for outcome in _deliver(transport, [claim])]
+        if isinstance(exc, PayloadCollision):
+            return [Outcome.collision(str(exc))]
+        return [Outcome.permanent(str(exc))]
     except Exception as exc:
         # Whatever the transport raised, the far side may or may not have committed: the
         # only honest record is "unknown, try again", which the receiver's dedupe makes safe.
