@@ -44,3 +44,10 @@ def test_a_rolled_back_transaction_wakes_nobody(store, auth):
 def test_a_waiter_needs_a_queue_or_replies(store):
     with pytest.raises(postroom.InvalidInput, match="queues"):
         store.waiter(queues=())
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), -1.0, "1", True])
+def test_a_wait_with_a_timeout_that_is_not_a_number_of_seconds_is_refused(store, timeout):
+    # NaN would return at once every time, so a polling loop would spin; inf would overflow.
+    with pytest.raises(postroom.InvalidInput, match="timeout"):
+        store.waiter().wait(timeout)

@@ -22,7 +22,12 @@ import threading
 import time
 from collections.abc import Iterable
 
+from postroom.errors import InvalidInput
+
 __all__ = ["REPLIES_CHANNEL", "Waiter", "Wakeups"]
+
+#: The longest a ``Waiter.wait`` may be asked to block: a day (it is a polling interval).
+_MAX_TIMEOUT = 86_400.0
 
 #: The channel announced when a reply becomes due for delivery.
 REPLIES_CHANNEL = "postroom_replies"
@@ -105,7 +110,13 @@ class Waiter:
         """Block until work may be available (``True``) or ``timeout`` seconds pass (``False``).
 
         Either way the caller should claim next: ``False`` is simply the polling fallback.
+        ``timeout`` is a finite number of seconds, at least 0 (NaN would never wait, so a
+        polling loop would spin).
         """
+        if (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
+                or not 0 <= timeout <= _MAX_TIMEOUT):
+            raise InvalidInput("timeout", f"must be a number of seconds in 0..{_MAX_TIMEOUT:g}, "
+                                          f"got {timeout!r}")
         mark = self._hub.wait(self._channels, self._seen, timeout)
         if mark is None:
             return False
