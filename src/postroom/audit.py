@@ -65,11 +65,33 @@ def audit_database(database: Database) -> list[Violation]:
         if "store" in components:
             violations.extend(_store_contents(tx.all("audit_store_contents")))
         if "receiver" in components:
-            for row in tx.all("audit_receiver_contents"):
-                if fingerprint(row["body"]) != row["fingerprint"]:
-                    violations.append(Violation("receipt_fingerprint", row["reply_id"],
-                                                "stored fingerprint does not match the body"))
+            violations.extend(_receiver_contents(tx.all("audit_receiver_contents")))
     return violations
+
+
+def _receiver_contents(rows: Sequence[Row]) -> list[Violation]:
+    found: list[Violation] = []
+    for row in rows:
+        reply_id = row["reply_id"]
+        if fingerprint(row["body"]) != row["fingerprint"]:
+            found.append(Violation("receipt_fingerprint", reply_id,
+                                   "stored fingerprint does not match the body"))
+        try:
+            document = json.loads(row["body"])
+            task_id, status = document["task_id"], document["status"]
+            result = document.get("result")
+        except (ValueError, TypeError, KeyError):
+            found.append(Violation("receipt_identity", reply_id, "body is not a result"))
+            continue
+        if not isinstance(task_id, str) or reply_id_for(task_id) != reply_id:
+            found.append(Violation("receipt_identity", reply_id,
+                                   f"body names task {task_id!r}"))
+        effect = (row["effect_task_id"], row["effect_status"], row["effect_result"])
+        expected = (task_id, status, None if result is None else canonical_json(result))
+        if row["effect_task_id"] is not None and effect != expected:
+            found.append(Violation("effect_content", reply_id,
+                                   "the effect does not record what its receipt received"))
+    return found
 
 
 def _store_contents(rows: Sequence[Row]) -> list[Violation]:
@@ -88,7 +110,7 @@ def _store_contents(rows: Sequence[Row]) -> list[Violation]:
         if fingerprint(r["body"]) != r["reply_fingerprint"]:
             found.append(Violation("reply_fingerprint", r["reply_id"],
                                    "stored fingerprint does not match the body"))
-        expected = _expected_body(task_id, r["status"], r["result"], r["body"])
+        expected = _expected_body(task_id, r["status"], r["result"], r["last_error"])
         if r["body"] != expected:
             found.append(Violation("reply_content", r["reply_id"],
                                    "body is not the canonical result of its task"))
@@ -98,13 +120,14 @@ def _store_contents(rows: Sequence[Row]) -> list[Violation]:
     return found
 
 
-def _expected_body(task_id: str, status: str, result: str | None, body: str) -> str:
+def _expected_body(task_id: str, status: str, result: str | None,
+                   last_error: str | None) -> str:
     try:
         state = TaskState(status)
-        stored = json.loads(body)
     except ValueError:
         return ""
-    # A done task's reply carries the stored result; any other carries its error document.
-    result_json = result if state is TaskState.DONE and result is not None else canonical_json(
-        stored.get("result") if isinstance(stored, dict) else None)
+    # A done task's reply carries the stored result; any other carries its error document,
+    # made from the error the task keeps.
+    result_json = (result if state is TaskState.DONE and result is not None
+                   else canonical_json({"error": last_error}))
     return reply_content(task_id, state, result_json).body

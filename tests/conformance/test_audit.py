@@ -6,6 +6,7 @@ import pytest
 
 import postroom
 from postroom.audit import audit_database, audit_url
+from postroom.validation import fingerprint
 from tests.support import envelope
 
 
@@ -59,6 +60,9 @@ def test_a_healthy_store_and_receiver_are_clean(busy_store, receiver):
     ("UPDATE inbox SET message_id = 'forged' WHERE task_id IN "
      "(SELECT task_id FROM tasks WHERE state = 'pending')", "task_identity"),
     ("UPDATE postroom_clock SET high_water = 0", "decided_after_high_water"),
+    ("UPDATE replies SET budget = 1000 WHERE state = 'pending'", "budget_out_of_range"),
+    ("UPDATE replies SET attempts = 0 WHERE state = 'sent'", "budget_out_of_range"),
+    ("UPDATE tasks SET last_error = 'rewritten' WHERE state = 'failed'", "reply_content"),
 ])
 def test_each_broken_invariant_is_named(busy_store, sql, check):
     corrupt(busy_store, sql)
@@ -74,6 +78,28 @@ def test_a_receiver_effect_without_its_receipt_is_named(receiver):
         dialect.execute(conn, "DELETE FROM receiver_receipts", ())
         dialect.commit(conn)
     assert [v.check for v in audit_database(receiver.database)] == ["effect_without_receipt"]
+
+
+def rewrite_receipts(receiver: postroom.Receiver, body: str) -> None:
+    """Replace every receipt's body with ``body`` and a fingerprint that matches it."""
+    dialect = receiver.database.dialect
+    with dialect.connection() as conn:
+        dialect.begin(conn, write=True)
+        dialect.execute(conn, f"UPDATE receiver_receipts SET body = '{body}', "
+                              f"fingerprint = '{fingerprint(body)}'", ())
+        dialect.commit(conn)
+
+
+def test_a_receipt_rewritten_consistently_is_named_by_its_effect(receiver):
+    receiver.accept("reply:t", '{"kind":"result","result":1,"status":"done","task_id":"t"}')
+    rewrite_receipts(receiver, '{"kind":"result","result":2,"status":"done","task_id":"t"}')
+    assert [v.check for v in audit_database(receiver.database)] == ["effect_content"]
+
+
+def test_a_receipt_naming_another_task_than_its_reply_id_is_named(receiver):
+    receiver.accept("reply:t", '{"kind":"result","result":1,"status":"done","task_id":"t"}')
+    rewrite_receipts(receiver, '{"kind":"result","result":1,"status":"done","task_id":"u"}')
+    assert "receipt_identity" in {v.check for v in audit_database(receiver.database)}
 
 
 def test_a_database_without_postroom_tables_is_reported(make_url):

@@ -52,6 +52,13 @@ SELECT reply_id AS identity, 'attempts ' || attempts || ' > budget ' || budget A
 FROM replies
 WHERE attempts < 0 OR attempts > budget
 
+-- name: audit_store_budget_out_of_range
+-- A delivery budget is one of the allowed settings (1..100), and a sent reply was attempted.
+SELECT reply_id AS identity, 'budget ' || budget || ', ' || state || ' after ' || attempts
+       || ' attempts' AS detail
+FROM replies
+WHERE budget < 1 OR budget > 100 OR (state = 'sent' AND attempts < 1)
+
 -- name: audit_store_sending_without_owner_or_lease
 -- A sending reply has an owner and a lease; any other reply has neither.
 SELECT reply_id AS identity, state || ' with owner ' || coalesce(owner, 'NULL') AS detail
@@ -105,7 +112,7 @@ WHERE replies.reply_id IS NULL
 -- Rows whose content the audit re-derives in Python (identities and fingerprints).
 SELECT inbox.task_id, inbox.principal, inbox.message_id, inbox.fingerprint, inbox.envelope,
        replies.reply_id, replies.body, replies.fingerprint AS reply_fingerprint,
-       replies.status, tasks.result
+       replies.status, tasks.result, tasks.last_error
 FROM inbox
 LEFT JOIN replies ON replies.task_id = inbox.task_id
 LEFT JOIN tasks ON tasks.task_id = inbox.task_id
@@ -312,8 +319,12 @@ SELECT reply_id AS identity, count(*) || ' effects' AS detail FROM receiver_effe
 GROUP BY reply_id HAVING count(*) > 1
 
 -- name: audit_receiver_contents
--- Receipts whose fingerprint the audit re-derives in Python.
-SELECT reply_id, fingerprint, body FROM receiver_receipts
+-- Receipts whose fingerprint, identity and effect the audit re-derives in Python.
+SELECT receiver_receipts.reply_id, receiver_receipts.fingerprint, receiver_receipts.body,
+       receiver_effects.task_id AS effect_task_id, receiver_effects.status AS effect_status,
+       receiver_effects.result AS effect_result
+FROM receiver_receipts
+LEFT JOIN receiver_effects ON receiver_effects.reply_id = receiver_receipts.reply_id
 
 -- name: audit_receiver_receipt_without_effect
 -- A receipt and its effect commit together: no receipt stands alone.
