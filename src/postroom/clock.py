@@ -8,12 +8,11 @@ high-water lives in the store.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from typing import Protocol, runtime_checkable
 
-from postroom.errors import InvalidInput
+from postroom.validation import check_number
 
 __all__ = ["Clock", "ManualClock", "SystemClock", "finite_time"]
 
@@ -24,10 +23,8 @@ def finite_time(value: float, field: str = "clock") -> float:
     An infinite reading would become the high-water mark and end every lease, deadline and
     wait at once, for good; NaN compares false with everything.
     """
-    if (not isinstance(value, (int, float)) or isinstance(value, bool)
-            or not math.isfinite(value)):
-        raise InvalidInput(field, f"read {value!r}, which is not a finite time in seconds")
-    return float(value)
+    # Any float will do (numpy.float64 is one); everything else is checked as it is.
+    return check_number(float(value) if isinstance(value, float) else value, field)
 
 
 @runtime_checkable

@@ -84,7 +84,9 @@ def task_id_for(principal: str, message_id: str) -> str:
 #: Principals beginning with these name the follow-ups of a task or of a wait; no caller may
 #: take one, or it could store a message under a follow-up's identity before postroom does
 #: and make every resume or finish that enqueues that follow-up a collision.
-FOLLOW_UP_NAMESPACES = ("task:", "wait:")
+TASK_FOLLOW_UPS = "task:"
+WAIT_FOLLOW_UPS = "wait:"
+FOLLOW_UP_NAMESPACES = (TASK_FOLLOW_UPS, WAIT_FOLLOW_UPS)
 
 #: The most UTF-8 bytes a ``task_id`` argument may have (ids are 64 hex characters).
 TASK_ID_BYTES = 128
@@ -96,7 +98,7 @@ def follow_up_principal(parent_task_id: str) -> str:
     Follow-ups are keyed by their parent, so a parent re-run after a crash produces the same
     ids, and a follow-up can never collide with a message its requester sent directly.
     """
-    return FOLLOW_UP_NAMESPACES[0] + parent_task_id
+    return TASK_FOLLOW_UPS + parent_task_id
 
 
 # -- scalar checks ----------------------------------------------------------------------------

@@ -56,8 +56,8 @@ from postroom.store.database import Operation, Tx
 from postroom.store.dialect import Row
 from postroom.transitions import WaitEnd
 from postroom.validation import (
-    FOLLOW_UP_NAMESPACES,
     TASK_ID_BYTES,
+    WAIT_FOLLOW_UPS,
     CheckedEnvelope,
     canonical_json,
     check_int,
@@ -229,8 +229,7 @@ def follow_up_namespace(address: WaitAddress) -> str:
     Keyed by the generation, so every generation may use the same ``message_id`` and a
     re-run of the same resume finds the same identity.
     """
-    return FOLLOW_UP_NAMESPACES[1] + canonical_json([address.flow, address.step,
-                                                     address.generation])
+    return WAIT_FOLLOW_UPS + canonical_json([address.flow, address.step, address.generation])
 
 
 # -- the operations (each inside the caller's transaction) -----------------------------------

@@ -154,6 +154,8 @@ NETWORK: dict[str, int] = {"keepalives": 1, "keepalives_idle": 30, "keepalives_i
                            "keepalives_count": 3, "tcp_user_timeout": 60_000}
 
 _DURABILITY_SETTINGS = ("fsync", "synchronous_commit", "full_page_writes", "autovacuum")
+_DURABILITY_QUERY = "SELECT " + ", ".join(f"current_setting('{name}') AS {name}"
+                                          for name in _DURABILITY_SETTINGS)
 
 
 def durability_warnings(settings: Mapping[str, str]) -> list[str]:
@@ -463,8 +465,8 @@ class PostgresDialect(Dialect):
     def durability(self, conn: _Session) -> tuple[dict[str, str], list[str]]:
         """The server's settings for commits, crash safety and vacuuming, as seen by a
         postroom session (``synchronous_commit`` can differ per session or role)."""
-        settings = {name: str(_one(self.execute(conn, f"SHOW {name}", None))[name])
-                    for name in _DURABILITY_SETTINGS}
+        row = _one(self.execute(conn, _DURABILITY_QUERY, None))
+        settings = {name: str(row[name]) for name in _DURABILITY_SETTINGS}
         return settings, durability_warnings(settings)
 
     def translate(self, exc: BaseException) -> PostroomError:

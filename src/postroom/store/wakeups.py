@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Iterable
 
+from postroom.clock import finite_time
 from postroom.errors import InvalidInput
 
 __all__ = ["REPLIES_CHANNEL", "Waiter", "Wakeups"]
@@ -113,11 +114,11 @@ class Waiter:
         ``timeout`` is a finite number of seconds, at least 0 (NaN would never wait, so a
         polling loop would spin).
         """
-        if (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
-                or not 0 <= timeout <= _MAX_TIMEOUT):
-            raise InvalidInput("timeout", f"must be a number of seconds in 0..{_MAX_TIMEOUT:g}, "
-                                          f"got {timeout!r}")
-        mark = self._hub.wait(self._channels, self._seen, timeout)
+        seconds = finite_time(timeout, "timeout")
+        if not 0 <= seconds <= _MAX_TIMEOUT:
+            raise InvalidInput("timeout",
+                               f"must be in 0..{_MAX_TIMEOUT:g} seconds, got {timeout!r}")
+        mark = self._hub.wait(self._channels, self._seen, seconds)
         if mark is None:
             return False
         self._seen = mark
