@@ -96,14 +96,19 @@ def render(report: dict[str, Any]) -> str:
             "the database driver (statements, commits and the fsyncs they wait for). The rest "
             "is postroom's Python. The ratio if Python took no time divides the ratio by the "
             "database's share: the most that optimizing Python can give with these "
-            "statements, transactions and schema. Each scenario starts from empty databases, "
+            "statements, transactions and schema. The ratio if only the commits took time "
+            "divides it by the commits' share: the most that any change short of fewer or "
+            "smaller commits can give. Each scenario starts from empty databases, "
             "which grow by every round's tasks; the rounds above are in order, so a trend in "
             "them is the cost of a growing store.",
             ["measurement", "commits per task", "share of time in the database",
-             "ratio if Python took no time", "tasks in the store at the end"],
+             "share of time in commits", "ratio if Python took no time",
+             "ratio if only the commits took time", "tasks in the store at the end"],
             [[row["label"], f"{row['details']['commits_per_task']:g}",
               f"{row['details']['database_share']:.0%}",
+              f"{row['details']['commit_share']:.0%}",
               f"{row['details']['ratio_if_python_were_free']:.3f}",
+              f"{row['details']['ratio_if_only_commits_took_time']:.3f}",
               f"{row['details']['tasks_in_store_at_end']:,}"] for row in split])
     plans = [row for row in report["measurements"] if "claim_plans" in row["details"]]
     if plans:

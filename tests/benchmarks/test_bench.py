@@ -127,6 +127,15 @@ def test_quick_run_splits_end_to_end_time_between_database_and_python(quick_repo
                 row["ratio_to_raw"] / details["database_share"], rel=0.01)
 
 
+def test_quick_run_gives_the_ceiling_the_commits_alone_put_on_end_to_end(quick_report):
+    for row in quick_report["measurements"]:
+        if row["id"].startswith("e2e."):
+            details = row["details"]
+            assert 0 < details["commit_share"] < details["database_share"]
+            assert details["ratio_if_only_commits_took_time"] == pytest.approx(
+                row["ratio_to_raw"] / details["commit_share"], rel=0.01)
+
+
 def test_quick_run_answers_every_wait_it_opens_with_one_accepted_signal(quick_report):
     rows = {row["id"]: row for row in quick_report["measurements"]}
     signals = rows["signals.accepted"]
