@@ -7,7 +7,7 @@ Each function runs inside a transaction the caller opened; rules come from
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -77,6 +77,8 @@ def apply(tx: Tx, settings: Settings, task_id: str, decision: TaskDecision, *,
 def _owned(claim: Claim, decision: TaskDecision, now: float) -> dict[str, Any]:
     """Parameters of ``task_apply_owned``: apply ``decision`` while ``claim`` is current."""
     return {"task_id": claim.task_id, "claim_owner": claim.owner, "fence": claim.fence,
+            "attempt": claim.attempt, "max_attempts": claim.max_attempts, "hops": claim.hops,
+            "deadline": claim.deadline, "principal": claim.principal, "queue": claim.queue,
             "to_state": decision.to_state.value, "owner": None, "lease_until": None,
             "available_at": decision.available_at, "result": decision.result,
             "last_error": decision.last_error, "now": now}
@@ -108,12 +110,22 @@ def fenced(tx: Tx, claim: Claim) -> Fenced:
     elif row["owner"] != claim.owner or int(row["fence"]) != claim.fence:
         reason = (f"claimed by {row['owner']!r} with fence {row['fence']}; this claim is "
                   f"{claim.owner!r} with fence {claim.fence}")
+    elif altered := _altered(row, claim):
+        reason = f"the claim's {altered} differ from the task's: it was not issued as it is"
     else:
         decided_at = tx.now
         reason = (f"the lease expired at {row['lease_until']} (now {tx.now})"
                   if float(row["lease_until"]) <= tx.now
                   else f"the deadline {row['deadline']} passed (now {tx.now})")
     return Fenced(f"task {claim.task_id}", reason, decided_at=decided_at)
+
+
+def _altered(row: Mapping[str, Any], claim: Claim) -> str:
+    """The fields a claim carries from its task that no longer match the task's row."""
+    stored = {"attempt": int(row["attempts"]), "max_attempts": int(row["max_attempts"]),
+              "hops": int(row["hops"]), "deadline": float(row["deadline"]),
+              "principal": row["principal"], "queue": row["queue"]}
+    return ", ".join(name for name, value in stored.items() if getattr(claim, name) != value)
 
 
 def sweep(tx: Tx, settings: Settings, counts: SweepCounts) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import postroom
@@ -359,3 +361,30 @@ def test_attempts_keep_counting_across_restarts(db_url, clock, settings, auth):
         claim = store.claim("w2")
         assert (claim.attempt, claim.fence) == (2, 2)
         assert store.task(task_id).attempts == 2
+
+
+def test_a_claim_altered_to_allow_more_attempts_is_fenced(store, auth):
+    task_id = store.receive(auth, envelope(max_attempts=1)).task_id
+    claim = store.claim("w")
+    with pytest.raises(postroom.Fenced, match="max_attempts"):
+        store.fail(dataclasses.replace(claim, max_attempts=5), "try again")
+    task = store.task(task_id)
+    assert task.state == TaskState.RUNNING and task.attempts == 1
+
+
+def test_a_claim_altered_to_reset_its_hops_spawns_no_follow_ups(store, auth):
+    store.receive(auth, envelope(hops=store.settings.max_hops - 1))
+    claim = store.claim("w")
+    with pytest.raises(postroom.Fenced, match="hops"):
+        store.finish(dataclasses.replace(claim, hops=0), None,
+                     follow_ups=[postroom.FollowUp(message_id="loop", payload={})])
+    assert store.info()["tasks"] == {"running": 1}
+
+
+def test_a_finish_batch_with_an_altered_claim_finishes_none(store, auth):
+    store.receive_atomic(auth, [envelope(message_id="a"), envelope(message_id="b")])
+    first, second = store.claim_batch("w", 2)
+    with pytest.raises(postroom.Fenced, match="principal"):
+        store.finish_batch([(first, None),
+                            (dataclasses.replace(second, principal="someone-else"), None)])
+    assert store.info()["tasks"] == {"running": 2}

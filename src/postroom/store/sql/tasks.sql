@@ -128,13 +128,17 @@ RETURNING task_id
 
 -- name: task_apply_owned
 -- Apply an owner's decision: only while the owner's claim is current, its lease unexpired
--- and the deadline not reached.
+-- and the deadline not reached. The decision was made from the claim's attempt count and
+-- limits, and follow-ups from its principal, queue, hops and deadline: a claim whose copy
+-- of them differs from the task's own is not this task's claim.
 UPDATE tasks
 SET state = :to_state, owner = :owner, lease_until = :lease_until,
     available_at = :available_at, result = :result, last_error = :last_error,
     updated_at = :now
 WHERE task_id = :task_id AND state = 'running' AND owner = :claim_owner
   AND fence = :fence AND lease_until > :now AND deadline > :now
+  AND attempts = :attempt AND max_attempts = :max_attempts AND hops = :hops
+  AND deadline = :deadline AND principal = :principal AND queue = :queue
 RETURNING task_id
 
 -- name: task_renew
