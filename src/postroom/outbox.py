@@ -52,12 +52,16 @@ def _params(reply_id: str, decision: ReplyDecision, *, fence: int,
             "sent_at": decision.sent_at, "now": now}
 
 
+def _owned(claim: ReplyClaim, decision: ReplyDecision, now: float) -> dict[str, Any]:
+    """Parameters of ``reply_apply_owned``: apply ``decision`` while ``claim`` is current."""
+    return _params(claim.reply_id, decision, fence=claim.fence, now=now) | {
+        "claim_owner": claim.owner, "task_id": claim.task_id, "attempt": claim.attempt,
+        "budget": claim.budget, "body": claim.body, "fingerprint": claim.fingerprint}
+
+
 def _apply(tx: Tx, reply_id: str, decision: ReplyDecision, *, fence: int,
-           from_state: ReplyState | None = None, owner: str | None = None) -> bool:
+           from_state: ReplyState) -> bool:
     params = _params(reply_id, decision, fence=fence, now=tx.now)
-    if owner is not None:
-        return tx.run("reply_apply_owned", claim_owner=owner, **params) > 0
-    assert from_state is not None
     return tx.run("reply_apply", from_state=from_state.value, **params) > 0
 
 
@@ -92,15 +96,27 @@ def record(tx: Tx, claim: ReplyClaim, outcome: Outcome, *, delay: float) -> Repl
     """Record one delivery outcome; ``Fenced`` if another publisher took the reply over."""
     decision = transitions.delivery(outcome.kind, detail=outcome.detail, attempt=claim.attempt,
                                     budget=claim.budget, now=tx.now, delay=delay)
-    if not _apply(tx, claim.reply_id, decision, fence=claim.fence, owner=claim.owner):
-        row = tx.one("reply_get_by_id", reply_id=claim.reply_id)
-        state = row["state"] if row is not None else "missing"
-        holder = (f"{row['owner']!r} with fence {row['fence']}" if row is not None
-                  else "nobody")
-        raise Fenced(f"reply {claim.reply_id}",
-                     f"the reply is {state}, held by {holder}; this claim is "
-                     f"{claim.owner!r} with fence {claim.fence}")
+    if not tx.run("reply_apply_owned", **_owned(claim, decision, tx.now)):
+        raise _fenced(tx, claim)
     return decision.to_state
+
+
+def _fenced(tx: Tx, claim: ReplyClaim) -> Fenced:
+    """Explain why ``claim`` is no longer its publisher's (read after the update missed)."""
+    row = tx.one("reply_get_by_id", reply_id=claim.reply_id)
+    if row is not None and row["state"] == ReplyState.SENDING and row["owner"] == claim.owner \
+            and int(row["fence"]) == claim.fence:
+        stored = {"task_id": row["task_id"], "attempt": int(row["attempts"]),
+                  "budget": int(row["budget"]), "body": row["body"],
+                  "fingerprint": row["fingerprint"]}
+        altered = ", ".join(name for name, value in stored.items()
+                            if getattr(claim, name) != value)
+        return Fenced(f"reply {claim.reply_id}", f"the claim's {altered} differ from the "
+                                                 "reply's: it was not issued as it is")
+    state = row["state"] if row is not None else "missing"
+    holder = f"{row['owner']!r} with fence {row['fence']}" if row is not None else "nobody"
+    return Fenced(f"reply {claim.reply_id}", f"the reply is {state}, held by {holder}; this "
+                                             f"claim is {claim.owner!r} with fence {claim.fence}")
 
 
 def record_all(tx: Tx, items: Sequence[tuple[ReplyClaim, Outcome, float]]) -> list[ReplyState]:
@@ -114,8 +130,7 @@ def record_all(tx: Tx, items: Sequence[tuple[ReplyClaim, Outcome, float]]) -> li
                                       attempt=claim.attempt, budget=claim.budget, now=now,
                                       delay=delay) for claim, outcome, delay in items]
     tx.run_all("reply_apply_owned", [
-        _params(claim.reply_id, decision, fence=claim.fence, now=now) | {
-            "claim_owner": claim.owner}
+        _owned(claim, decision, now)
         for (claim, _, _), decision in zip(items, decisions, strict=True)])
     return [decision.to_state for decision in decisions]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import pytest
@@ -295,3 +296,30 @@ def test_a_receiver_batch_tells_new_duplicate_collision_and_malformed_apart(rece
         ("delivered", False), ("delivered", True), ("collision", False),
         ("permanent", False), ("delivered", True)]
     assert receiver.effects_total() == 3
+
+
+def test_a_reply_claim_altered_to_a_larger_budget_is_fenced(store, done_task):
+    claim = store.claim_replies("p")[0]
+    with pytest.raises(postroom.Fenced, match="budget"):
+        store.record_delivery(dataclasses.replace(claim, budget=100), Outcome.transient("5xx"))
+    reply = store.reply(done_task)
+    assert reply.state == ReplyState.SENDING and reply.attempts == 1
+
+
+def test_a_reply_claim_with_another_body_cannot_be_recorded_sent(store, done_task):
+    claim = store.claim_replies("p")[0]
+    forged = dataclasses.replace(claim, body=canonical_json({"kind": "result", "forged": True}))
+    with pytest.raises(postroom.Fenced, match="body"):
+        store.record_delivery(forged, Outcome.delivered())
+    assert store.reply(done_task).state == ReplyState.SENDING
+
+
+def test_record_deliveries_with_an_altered_claim_records_the_others(store, auth):
+    store.receive_atomic(auth, [envelope(f"m-{i}") for i in range(2)])
+    store.finish_batch([(claim, None) for claim in store.claim_batch("w", 2)])
+    first, second = store.claim_replies("p", limit=2)
+    report = store.record_deliveries([(first, Outcome.delivered()),
+                                      (dataclasses.replace(second, attempt=0),
+                                       Outcome.delivered())])
+    assert (report.sent, report.fenced) == (1, [second.reply_id])
+    assert store.reply(second.task_id).state == ReplyState.SENDING

@@ -53,11 +53,15 @@ WHERE reply_id = :reply_id AND state = :from_state AND fence = :fence
 RETURNING reply_id
 
 -- name: reply_apply_owned
--- Record a publisher's delivery outcome: only while its claim is the current one.
+-- Record a publisher's delivery outcome: only while its claim is the current one. The
+-- outcome was decided from the claim's attempt and budget, and what was delivered is its
+-- body: a claim whose copy of them differs from the reply's own is not this reply's claim.
 UPDATE replies
 SET state = :to_state, owner = NULL, lease_until = NULL, available_at = :available_at,
     last_error = :last_error, sent_at = :sent_at, updated_at = :now
 WHERE reply_id = :reply_id AND state = 'sending' AND owner = :claim_owner AND fence = :fence
+  AND task_id = :task_id AND attempts = :attempt AND budget = :budget AND body = :body
+  AND fingerprint = :fingerprint
 RETURNING reply_id
 
 -- name: reply_requeue
