@@ -275,6 +275,12 @@ def _receive(ctx: Context, message_id: str, **fields: Any) -> postroom.Ack:
     return _store(ctx).receive(ctx.auth, envelope(message_id, **fields))
 
 
+@step("receive_at")
+def _receive_at(ctx: Context, message_id: str, stream: str, seq: int) -> postroom.Ack:
+    return _store(ctx).receive(ctx.auth, envelope(message_id),
+                               position=postroom.Position(stream=stream, seq=seq))
+
+
 @step("receive_atomic")
 def _receive_atomic(ctx: Context, message_ids: list[str]) -> list[postroom.Ack]:
     return _store(ctx).receive_atomic(ctx.auth, [envelope(m) for m in message_ids])

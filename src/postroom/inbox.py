@@ -202,9 +202,11 @@ def _record_position(tx: Tx, checked: CheckedEnvelope, position: Position) -> No
                 f"already holds task {holder['task_id']}, not {checked.task_id}")
         return
     tx.run("stream_create", **key)
-    current = tx.one("stream_watermark", **key)
+    current = tx.one("stream_watermark_locked", **key)
     stored = int(current["watermark"]) if current is not None else 0
-    if position.seq == stored + 1:
+    # Any position above the stored watermark recomputes the run, not only seq == stored + 1:
+    # that also moves on a watermark left behind by versions without the lock above.
+    if position.seq > stored:
         tx.run("stream_advance", watermark=_contiguous(tx, key, stored), **key)
 
 

@@ -29,6 +29,7 @@ REPLIES_PER_ROUND = 16
 RECOVER_ROUNDS = 20
 CANCEL_ROUNDS = 20
 OPENERS = 8
+POSITION_ROUNDS = 10
 
 
 def no_errors(answers: list[Answer], round_: int) -> None:
@@ -77,6 +78,34 @@ def test_eight_processes_receiving_one_message_store_it_once(store, db_url):
             assert store.info()["tasks"] == {"pending": round_ + 1}, f"round {round_}"
     print(f"\nreceive race: {RECEIVE_ROUNDS} rounds x {RECEIVERS} processes, each round "
           f"1 stored + {RECEIVERS - 1} duplicates, one task row")
+    assert audit_url(db_url) == []
+
+
+def test_consecutive_positions_received_at_once_advance_the_stored_watermark(
+        db_url, clock, transport, auth):
+    # The watermark a store keeps, not only the one it computes on demand: pruning keeps
+    # every message above the kept watermark, so a watermark left behind would keep them all.
+    settings = postroom.Settings(retention=60.0)
+    with postroom.open_store(db_url, clock=clock, settings=settings) as store, \
+            spawn(RECEIVERS, name="source", store=db_url) as sources:
+        for round_ in range(POSITION_ROUNDS):
+            first = round_ * RECEIVERS + 1
+            answers = release_each([
+                (source, "receive_at", {"message_id": f"pos-{first + i}", "stream": "feed",
+                                        "seq": first + i})
+                for i, source in enumerate(sources)])
+            no_errors(answers, round_)
+        total = POSITION_ROUNDS * RECEIVERS
+        assert store.watermark(auth, "feed") == total
+        while claims := store.claim_batch("w", 100):
+            store.finish_batch([(claim, None) for claim in claims])
+        while store.dispatch(transport, limit=100).sent:
+            pass
+        clock.advance(61)
+        assert store.prune() == total
+        assert store.watermark(auth, "feed") == total
+    print(f"\nposition race: {POSITION_ROUNDS} rounds x {RECEIVERS} consecutive positions, "
+          f"watermark {total}, all {total} pruned")
     assert audit_url(db_url) == []
 
 

@@ -267,6 +267,37 @@ def test_a_delivery_claim_on_a_pruned_reply_never_matches_the_new_reply(pruning,
     assert store.reply(task_id).state == postroom.ReplyState.SENDING
 
 
+def test_pruning_keeps_a_message_stored_above_its_streams_watermark(pruning, auth, clock):
+    store, transport = pruning
+    feed = "feed"
+    second = store.receive(auth, envelope("s-2", deadline=START + 86_400),
+                           position=postroom.Position(stream=feed, seq=2))
+    store.finish(store.claim("w"), None)  # #2 is done and answered while #1 is on its way
+    store.dispatch(transport)
+    clock.advance(61)
+    assert store.prune() == 0
+    store.receive(auth, envelope("s-1", deadline=START + 86_400),
+                  position=postroom.Position(stream=feed, seq=1))
+    assert store.watermark(auth, feed) == 2
+    # A source resuming from an older watermark sends #2 again: it must stay a duplicate.
+    again = store.receive(auth, envelope("s-2", deadline=START + 86_400),
+                          position=postroom.Position(stream=feed, seq=2))
+    assert again == postroom.Ack(task_id=second.task_id, duplicate=True)
+    assert store.task(second.task_id).state == postroom.TaskState.DONE
+
+
+def test_a_message_below_its_streams_watermark_is_pruned_as_any_other(pruning, auth, clock):
+    store, transport = pruning
+    for seq in (1, 2):
+        store.receive(auth, envelope(f"s-{seq}", deadline=START + 86_400),
+                      position=postroom.Position(stream="feed", seq=seq))
+        store.finish(store.claim("w"), None)
+    store.dispatch(transport, limit=2)
+    clock.advance(61)
+    assert store.prune() == 2
+    assert store.watermark(auth, "feed") == 2
+
+
 def test_pruning_keeps_live_tasks_and_unsent_replies(db_url, clock):
     settings = postroom.Settings(retention=60.0)
     auth = postroom.AuthContext(principal="planner")

@@ -438,7 +438,9 @@ class Store:
     def prune(self) -> int:
         """Forget messages past retention whose task is terminal and reply sent.
 
-        Returns how many were pruned. A pruned identity sent again is a new request.
+        Returns how many were pruned. A pruned identity sent again is a new request, so a
+        message stored at a stream position above the stream's watermark is kept: its source
+        will send it again from the watermark, and that must be a duplicate.
         """
         pruned = 0
         while True:

@@ -48,6 +48,11 @@ WHERE principal = :principal AND stream = :stream AND seq = :seq
 -- The contiguous durable watermark of a source's stream.
 SELECT watermark FROM streams WHERE principal = :principal AND stream = :stream
 
+-- name: stream_watermark_locked
+-- The same, holding the stream's row until commit where rows are locked: two positions
+-- received at once then advance it one after the other, each seeing the other's position.
+SELECT watermark FROM streams WHERE principal = :principal AND stream = :stream {for_update}
+
 -- name: stream_create
 -- Start a stream's watermark at zero.
 INSERT INTO streams (principal, stream, watermark) VALUES (:principal, :stream, 0)
@@ -149,8 +154,9 @@ WHERE task_id = :task_id AND state = 'running' AND owner = :claim_owner
 RETURNING lease_until
 
 -- name: tasks_prunable
--- Stored messages past retention whose task is terminal and whose reply was sent, and that
--- no wait still needs as the parent of its follow-up (waiting, or continuation unconsumed).
+-- Stored messages past retention whose task is terminal and whose reply was sent, that no
+-- wait still needs as the parent of its follow-up (waiting, or continuation unconsumed), and
+-- that no stream still counts on (a position above the watermark).
 SELECT inbox.task_id, tasks.fence AS task_fence, replies.fence AS reply_fence FROM inbox
 JOIN tasks ON tasks.task_id = inbox.task_id
 JOIN replies ON replies.task_id = inbox.task_id
@@ -163,6 +169,14 @@ WHERE inbox.received_at < :cutoff
              ON wait_continuations.flow = waits.flow AND wait_continuations.step = waits.step
             AND wait_continuations.generation = waits.generation
       WHERE waits.task_id = inbox.task_id AND wait_continuations.consumed_at IS NULL)
+  -- A position above its stream's watermark will be sent again from the watermark: its
+  -- identity must stay to make that resend a duplicate.
+  AND NOT EXISTS (
+      SELECT 1 FROM stream_positions
+      JOIN streams ON streams.principal = stream_positions.principal
+                  AND streams.stream = stream_positions.stream
+      WHERE stream_positions.task_id = inbox.task_id
+        AND stream_positions.seq > streams.watermark)
 ORDER BY inbox.received_at
 LIMIT :limit
 
