@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from postroom import transitions
-from postroom.errors import InvalidInput, PayloadCollision, Unauthorized
+from postroom.errors import InvalidEnvelope, InvalidInput, PayloadCollision, Unauthorized
 from postroom.models import Ack, AuthContext, Envelope, FollowUp, Position, TaskState
 from postroom.settings import Settings
 from postroom.store.database import Operation, Tx
@@ -58,7 +58,7 @@ def check(settings: Settings, auth: AuthContext, envelope: Envelope) -> CheckedE
     """Authorize the principal and validate the envelope; nothing is written either way."""
     principal = authorize(settings, auth)
     if not isinstance(envelope, Envelope):
-        raise Unauthorized("expected an Envelope")
+        raise InvalidEnvelope("envelope", f"must be an Envelope, got {type(envelope).__name__}")
     checked = check_envelope(principal, envelope.to_dict(), limits=settings.limits)
     if checked.sender != principal:
         raise Unauthorized(f"sender {checked.sender!r} does not match the authenticated "

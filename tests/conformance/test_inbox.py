@@ -131,6 +131,31 @@ def test_an_invalid_item_stops_the_batch_at_its_index(store, auth):
     assert isinstance(failed.value.__cause__, postroom.InvalidEnvelope)
 
 
+def test_a_batch_stopped_by_an_unexpected_error_still_reports_its_committed_prefix(
+        store, auth, monkeypatch):
+    real = store.receive
+
+    def receive(auth, envelope, **kwargs):
+        if envelope.message_id == "m-2":
+            raise RuntimeError("the host ran out of something")
+        return real(auth, envelope, **kwargs)
+
+    monkeypatch.setattr(store, "receive", receive)
+    with pytest.raises(postroom.BatchFailed) as failed:
+        store.receive_batch(auth, [envelope("m-1"), envelope("m-2"), envelope("m-3")])
+    assert failed.value.index == 1
+    assert [a.task_id for a in failed.value.acks] == [task_id_for("planner", "m-1")]
+    assert isinstance(failed.value.__cause__, RuntimeError)
+
+
+def test_something_other_than_an_envelope_is_refused_naming_the_field(store, auth):
+    with pytest.raises(postroom.InvalidEnvelope, match="envelope: must be an Envelope, got dict"):
+        store.receive(auth, {"message_id": "m-1"})
+    with pytest.raises(postroom.InvalidEnvelope, match=r"envelopes\[1\]\.envelope"):
+        store.receive_atomic(auth, [envelope("m-1"), {"message_id": "m-2"}])
+    assert count_tasks(store) == 0
+
+
 def test_receive_atomic_stores_all_in_one_transaction(store, auth):
     acks = store.receive_atomic(auth, [envelope(f"m-{i}") for i in range(5)])
     assert [a.duplicate for a in acks] == [False] * 5

@@ -21,7 +21,6 @@ from postroom.errors import (
     NotFound,
     PayloadCollision,
     PermanentDeliveryError,
-    PostroomError,
 )
 from postroom.models import (
     Ack,
@@ -117,7 +116,7 @@ class Store:
         for index, (envelope, position) in enumerate(zip(envelopes, places, strict=True)):
             try:
                 acks.append(self.receive(auth, envelope, position=position))
-            except PostroomError as exc:
+            except Exception as exc:  # whatever stopped it, the committed prefix is durable
                 raise BatchFailed(acks, index, exc) from exc
         return acks
 
