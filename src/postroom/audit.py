@@ -11,9 +11,9 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from postroom.errors import StoreError
+from postroom.errors import PostroomError
 from postroom.models import TaskState
-from postroom.store import Database, dialect_for_url
+from postroom.store import Database, dialect_for_url, redacted_url
 from postroom.store.dialect import Row
 from postroom.transitions import reply_content, reply_id_for
 from postroom.validation import canonical_json, fingerprint, task_id_for
@@ -34,24 +34,45 @@ class Violation:
 
 
 def audit_url(url: str) -> list[Violation]:
-    """Open ``url`` without creating or migrating anything, and audit it."""
+    """Open ``url`` read-only, without creating or migrating anything, and audit it.
+
+    A database that cannot be opened or read is itself the finding, so that a caller
+    auditing several URLs still checks the others.
+    """
     try:
-        dialect = dialect_for_url(url, create=False)
-    except StoreError as exc:
-        return [Violation("database", url, str(exc))]
-    database = Database(dialect, track_time=False)
+        database = Database(dialect_for_url(url, read_only=True), track_time=False)
+    except PostroomError as exc:
+        return [Violation("database", redacted_url(url), str(exc))]
     try:
         return audit_database(database)
+    except PostroomError as exc:
+        return [Violation("database", redacted_url(url), str(exc))]
     finally:
         database.close()
 
 
 def audit_database(database: Database) -> list[Violation]:
-    """Every violation found in ``database``, in check order."""
-    components = [c for c in ("store", "receiver") if database.schema_version(c) > 0]
-    if not components:
-        return [Violation("schema", "database", "no postroom schema found")]
+    """Every violation found in ``database``, in check order.
+
+    A component whose schema is not this postroom's version is reported, not checked: its
+    tables are not the ones the checks read.
+    """
     violations: list[Violation] = []
+    components = []
+    for component in ("store", "receiver"):
+        found = database.schema_version(component)
+        if found == 0:
+            continue
+        latest = database.dialect.migrations(component)[-1][0]
+        if found == latest:
+            components.append(component)
+        else:
+            remedy = ("opening it with this postroom upgrades it" if found < latest
+                      else "audit it with the postroom that wrote it")
+            violations.append(Violation("schema", component, f"version {found}, this "
+                                        f"postroom's is {latest}: not checked ({remedy})"))
+    if not components:
+        return violations or [Violation("schema", "database", "no postroom schema found")]
     queries = database.dialect.queries
     with database.read() as tx:
         for component in components:

@@ -70,24 +70,27 @@ def demo(story: str) -> None:
 @click.argument("url")
 def init(url: str) -> None:
     """Create or upgrade the store schema at URL."""
+    from postroom.store import redacted_url
     from postroom.store.core import open_store
 
     with open_store(url) as store:
-        click.echo(json.dumps({"url": url, "schema_version": store.info()["schema_version"]}))
+        click.echo(json.dumps({"url": redacted_url(url),
+                               "schema_version": store.info()["schema_version"]}))
 
 
 @main.command()
 @click.argument("url")
 def info(url: str) -> None:
-    """Show a store's settings (retention included), schema version and counts.
+    """Show a store's schema version, counts and time high-water, read-only.
 
     Also the database settings durability depends on, with a warning for each weak one
-    (PostgreSQL with fsync or synchronous_commit off, say).
+    (PostgreSQL with fsync or synchronous_commit off, say), and postroom's default settings
+    (retention included): the Settings an application opens the store with are its own.
+    Nothing is created, upgraded or written: a store of another schema version is refused.
     """
-    from postroom.store.core import open_store
+    from postroom.store.core import inspect_store
 
-    with open_store(url) as store:
-        click.echo(json.dumps(store.info(), indent=2, sort_keys=True))
+    click.echo(json.dumps(inspect_store(url), indent=2, sort_keys=True))
 
 
 @main.command()
@@ -97,15 +100,18 @@ def audit(urls: tuple[str, ...]) -> None:
 
     Exits 1 and names every violation found; prints "clean" otherwise.
     """
+    from postroom.store import redacted_url
+
     failed = False
     for url in urls:
         violations = audit_url(url)
+        shown = redacted_url(url)
         if violations:
             failed = True
             for violation in violations:
-                click.echo(f"{url}: {violation}")
+                click.echo(f"{shown}: {violation}")
         else:
-            click.echo(f"{url}: clean")
+            click.echo(f"{shown}: clean")
     if failed:
         sys.exit(1)
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 
 import postroom
+from postroom.store import Database, dialect_for_url, redacted_url
 from tests.support import envelope
 
 
@@ -55,6 +58,82 @@ def test_info_shows_the_retention_period(db_url):
     postroom.open_store(db_url).close()
     result = run("info", db_url)
     assert result.returncode == 0 and '"retention_seconds": 604800.0' in result.stdout
+
+
+def test_info_on_a_missing_file_creates_nothing(tmp_path):
+    path = tmp_path / "typo.db"
+    result = run("info", f"sqlite:///{path}")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert not path.exists()
+
+
+def test_info_on_a_database_without_a_store_leaves_it_as_it_was(tmp_path):
+    path = tmp_path / "other.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE theirs (x)")
+    before = path.read_bytes()
+    result = run("info", f"sqlite:///{path}")
+    assert result.returncode == 2 and "no postroom store" in result.stderr
+    assert path.read_bytes() == before  # no tables added, journal mode not switched
+
+
+def test_info_refuses_an_older_schema_without_upgrading_it(make_url):
+    url = make_url("old")
+    with closing(Database(dialect_for_url(url))) as database:
+        database.migrate("store", target=2)
+        result = run("info", url)
+        assert result.returncode == 2
+        assert "version 2" in result.stderr and "postroom init upgrades it" in result.stderr
+        assert database.schema_version("store") == 2
+
+
+def test_info_says_its_settings_are_postroom_defaults(db_url):
+    postroom.open_store(db_url).close()
+    shown = json.loads(run("info", db_url).stdout)
+    assert shown["settings_from"].startswith("postroom's defaults")
+
+
+def test_audit_checks_every_url_even_after_one_that_cannot_be_read(tmp_path, db_url, store,
+                                                                      auth):
+    store.receive(auth, envelope())
+    missing = f"sqlite:///{tmp_path / 'missing.db'}"
+    result = run("audit", missing, db_url)
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(f"{missing}: database:")
+    assert lines[1] == f"{redacted_url(db_url)}: clean"
+
+
+def test_audit_reports_a_schema_it_does_not_know_instead_of_checking_it(make_url):
+    old, new = make_url("old"), make_url("new")
+    with closing(Database(dialect_for_url(old))) as database:
+        database.migrate("store", target=2)
+    with closing(Database(dialect_for_url(new))) as database:
+        latest = database.migrate("store")
+        with database.transaction(postroom.store.Operation("test.schema")) as tx:
+            tx.execute(database.dialect.convert(  # as a later postroom would have left it
+                "UPDATE postroom_schema SET version = :v WHERE component = 'store'"),
+                {"v": latest + 1})
+    result = run("audit", old, new)
+    assert result.returncode == 1
+    assert "schema: store: version 2" in result.stdout and "upgrades it" in result.stdout
+    assert "written" not in result.stdout and "wrote it" in result.stdout
+
+
+def test_audit_leaves_the_files_journal_mode_as_it_found_it(tmp_path):
+    path = tmp_path / "other.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE theirs (x)")
+    run("audit", f"sqlite:///{path}")
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+
+
+def test_passwords_are_masked_in_urls_shown():
+    assert redacted_url("postgresql://app:s3cret@db:5432/q") == "postgresql://app:***@db:5432/q"
+    assert redacted_url("postgresql://db/q?user=app&password=s3cret&sslmode=require") == (
+        "postgresql://db/q?user=app&password=***&sslmode=require")
+    assert redacted_url("sqlite:///var/lib/postroom.db") == "sqlite:///var/lib/postroom.db"
 
 
 def test_a_store_that_cannot_be_opened_is_one_line_and_exit_code_2(tmp_path):

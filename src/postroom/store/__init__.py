@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from postroom.errors import InvalidInput
 from postroom.store.database import Database, Operation, Tx
 from postroom.store.dialect import Dialect
 
-__all__ = ["Database", "Dialect", "Operation", "Tx", "dialect_for_url"]
+__all__ = ["Database", "Dialect", "Operation", "Tx", "dialect_for_url", "redacted_url"]
 
 
-def dialect_for_url(url: str, *, create: bool = True) -> Dialect:
+def redacted_url(url: str) -> str:
+    """``url`` with any password replaced by ``***``, for messages and output."""
+    url = re.sub(r"(://[^:/@]*):[^@]*@", r"\1:***@", url)
+    return re.sub(r"([?&]password=)[^&]*", r"\1***", url)
+
+
+def dialect_for_url(url: str, *, read_only: bool = False) -> Dialect:
     """The dialect for a database URL.
 
     ``sqlite:///relative/path.db`` and ``sqlite:////absolute/path.db`` (three slashes, then the
-    path, as SQLAlchemy spells it); ``postgresql://...`` for PostgreSQL. With ``create=False``
-    a SQLite file that does not exist is an error instead of a new empty database.
+    path, as SQLAlchemy spells it); ``postgresql://...`` for PostgreSQL. ``read_only`` is for
+    looking only (audit, info): a SQLite file that does not exist is an error instead of a
+    new empty database, and the file is opened read-only, its journal mode left as found.
     """
     if url.startswith("sqlite:///"):
         path = url[len("sqlite:///"):]
@@ -25,7 +33,7 @@ def dialect_for_url(url: str, *, create: bool = True) -> Dialect:
                                       "would not survive a restart")
         from postroom.store.sqlite import SQLiteDialect
 
-        return SQLiteDialect(Path(path), create=create)
+        return SQLiteDialect(Path(path), read_only=read_only)
     if url.startswith(("postgresql://", "postgres://")):
         try:
             from postroom.store.postgres import PostgresDialect

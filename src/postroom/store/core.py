@@ -21,6 +21,7 @@ from postroom.errors import (
     NotFound,
     PayloadCollision,
     PermanentDeliveryError,
+    SchemaError,
 )
 from postroom.models import (
     Ack,
@@ -469,30 +470,7 @@ class Store:
     def info(self) -> dict[str, Any]:
         """Settings, schema version, counts, and the database settings that durability
         depends on with a warning for each weak one, for ``postroom info``."""
-        with self._db.read() as tx:
-            task_counts = {row["state"]: int(row["n"]) for row in tx.all("task_counts")}
-            reply_counts = {row["state"]: int(row["n"]) for row in tx.all("reply_counts")}
-            wait_counts = {row["state"]: int(row["n"]) for row in tx.all("wait_counts")}
-            unconsumed = tx.one("continuations_unconsumed_count")
-            clock = tx.one("clock_read")
-            durability, warnings = self._db.dialect.durability(tx.conn)
-        settings = self._settings
-        return {
-            "dialect": self._db.dialect.name,
-            "schema_version": self._db.schema_version("store"),
-            "retention_seconds": settings.retention,
-            "lease_seconds": settings.lease,
-            "dispatch_lease_seconds": settings.dispatch_lease,
-            "max_hops": settings.max_hops,
-            "delivery_budget": settings.delivery_budget,
-            "time_high_water": float(clock["high_water"]) if clock is not None else None,
-            "tasks": task_counts,
-            "replies": reply_counts,
-            "waits": wait_counts,
-            "continuations_unconsumed": int(unconsumed["n"]) if unconsumed is not None else 0,
-            "durability": durability,
-            "warnings": warnings,
-        }
+        return describe(self._db, self._settings, settings_from="this Store's Settings")
 
     @property
     def settings(self) -> Settings:
@@ -545,6 +523,66 @@ class Store:
             checked.append(_indexed(index, inbox.check_follow_up, self._settings, follow_up,
                                     parent, namespace=namespace, prefix="follow_ups"))
         return checked
+
+
+def describe(database: Database, settings: Settings, *, settings_from: str) -> dict[str, Any]:
+    """What ``Store.info`` reports, read in one read-only transaction of ``database``.
+
+    ``settings_from`` says whose the settings shown are: they live in the processes that open
+    the store, not in the database.
+    """
+    with database.read() as tx:
+        task_counts = {row["state"]: int(row["n"]) for row in tx.all("task_counts")}
+        reply_counts = {row["state"]: int(row["n"]) for row in tx.all("reply_counts")}
+        wait_counts = {row["state"]: int(row["n"]) for row in tx.all("wait_counts")}
+        unconsumed = tx.one("continuations_unconsumed_count")
+        clock = tx.one("clock_read")
+        durability, warnings = database.dialect.durability(tx.conn)
+    return {
+        "dialect": database.dialect.name,
+        "schema_version": database.schema_version("store"),
+        "settings_from": settings_from,
+        "retention_seconds": settings.retention,
+        "lease_seconds": settings.lease,
+        "dispatch_lease_seconds": settings.dispatch_lease,
+        "max_hops": settings.max_hops,
+        "delivery_budget": settings.delivery_budget,
+        "time_high_water": float(clock["high_water"]) if clock is not None else None,
+        "tasks": task_counts,
+        "replies": reply_counts,
+        "waits": wait_counts,
+        "continuations_unconsumed": int(unconsumed["n"]) if unconsumed is not None else 0,
+        "durability": durability,
+        "warnings": warnings,
+    }
+
+
+def inspect_store(url: str, *, settings: Settings | None = None) -> dict[str, Any]:
+    """``describe`` the store at ``url`` without creating, migrating or writing anything.
+
+    Raises ``SchemaError`` if ``url`` holds no postroom store, or one whose schema is older
+    (``postroom init`` upgrades it) or newer than this postroom's.
+    """
+    from postroom.store import dialect_for_url, redacted_url
+
+    database = Database(dialect_for_url(url, read_only=True), track_time=False)
+    try:
+        found = database.schema_version("store")
+        latest = database.dialect.migrations("store")[-1][0]
+        if found == 0:
+            raise SchemaError(f"no postroom store at {redacted_url(url)} "
+                              "(postroom init creates one)")
+        if found != latest:
+            remedy = ("postroom init upgrades it" if found < latest
+                      else "use the postroom that wrote it")
+            raise SchemaError(f"the store's schema is version {found}, this postroom's is "
+                              f"{latest}: {remedy}")
+        if settings is None:
+            return describe(database, Settings(), settings_from=(
+                "postroom's defaults: an application's own Settings are not in the database"))
+        return describe(database, settings, settings_from="the Settings given")
+    finally:
+        database.close()
 
 
 def open_store(url: str, *, clock: Clock | None = None, settings: Settings | None = None,

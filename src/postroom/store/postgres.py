@@ -82,6 +82,7 @@ from postroom.errors import (
     StoreError,
     StoreUnavailable,
 )
+from postroom.store import redacted_url
 from postroom.store.dialect import Dialect, Row
 
 if TYPE_CHECKING:
@@ -256,7 +257,7 @@ class PostgresDialect(Dialect):
             self._pool.open(wait=True, timeout=connect_timeout)
         except PoolTimeout as exc:
             self._pool.close()
-            raise StoreUnavailable(f"postgres: no connection to {_redacted(url)} within "
+            raise StoreUnavailable(f"postgres: no connection to {redacted_url(url)} within "
                                    f"{connect_timeout:g}s{_refusal(url, connect_timeout)}"
                                    ) from exc
         with self.connection() as session:
@@ -617,9 +618,3 @@ def _refusal(url: str, timeout: float) -> str:
     except psycopg.Error as exc:
         return f": {str(exc).strip()}"
     return ""
-
-
-def _redacted(url: str) -> str:
-    """The URL without its password, for messages."""
-    return re.sub(r"(://[^:/@]*):[^@]*@", r"\1:***@", url)
-

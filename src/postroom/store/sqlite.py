@@ -53,10 +53,10 @@ class SQLiteDialect(Dialect):
     }
     driver_error: ClassVar[type[BaseException]] = sqlite3.Error
 
-    def __init__(self, path: str | Path, *, create: bool = True, busy_timeout: float = 30.0,
-                 cache_mib: int = 64) -> None:
+    def __init__(self, path: str | Path, *, read_only: bool = False,
+                 busy_timeout: float = 30.0, cache_mib: int = 64) -> None:
         self.path = str(path)
-        self._create = create
+        self._read_only = read_only
         self._busy_timeout = busy_timeout
         self._lock = threading.RLock()
         try:
@@ -65,15 +65,17 @@ class SQLiteDialect(Dialect):
             raise self.translate(exc) from exc
 
     def _connect(self, cache_mib: int) -> sqlite3.Connection:
-        # Opening an existing database only (an audit) must not leave an empty file behind.
-        target = self.path if self._create else f"{Path(self.path).resolve().as_uri()}?mode=rw"
+        # Looking at a database (audit, info) must neither leave an empty file behind nor
+        # change the file: read-only, and its journal mode stays as found.
+        read_only = self._read_only
+        target = f"{Path(self.path).resolve().as_uri()}?mode=ro" if read_only else self.path
         conn = sqlite3.connect(target, timeout=self._busy_timeout, isolation_level=None,
-                               check_same_thread=False, uri=not self._create)
+                               check_same_thread=False, uri=read_only)
         conn.row_factory = sqlite3.Row
         # Switching to WAL needs a moment of exclusive access; another process opening the
         # same new file at the same time may hold it, so wait for it like any other lock.
         deadline = time.monotonic() + self._busy_timeout
-        while conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+        while not read_only and conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
             try:
                 conn.execute("PRAGMA journal_mode = WAL")
             except sqlite3.OperationalError as exc:
