@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,18 +21,34 @@ class _CannotRun(click.ClickException):
     exit_code = 2
 
 
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 class _Group(click.Group):
-    """A postroom error ends a command with one line on stderr and exit code 2.
+    """A postroom error (or a file system one) ends a command with one line on stderr and
+    exit code 2.
 
     (Exit code 1 stays the answer "ran, and found something wrong", e.g. from ``audit``.)
+    Ctrl-C exits 130 and SIGTERM 143, both through the commands' own clean-up (child
+    processes stopped, temporary schemas and folders removed), which SIGTERM's default
+    would skip.
     """
 
     def invoke(self, ctx: click.Context) -> Any:
         from postroom.errors import PostroomError
 
+        signal.signal(signal.SIGTERM, _terminated)
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(128 + signal.SIGINT)
         except PostroomError as exc:
+            raise _CannotRun(f"{type(exc).__name__}: {exc}") from exc
+        except BrokenPipeError:
+            raise  # click's own handling: the reader went away (| head)
+        except OSError as exc:  # a path that cannot be made, read or written
             raise _CannotRun(f"{type(exc).__name__}: {exc}") from exc
 
 
@@ -120,9 +137,12 @@ def audit(urls: tuple[str, ...]) -> None:
 @click.argument("url")
 @click.option("--receiver", "receiver_url", default=None, metavar="URL",
               help="The receiver's database (default: the store's).")
-@click.option("--tasks", default=10_000, show_default=True, help="Tasks to drain.")
-@click.option("--workers", default=8, show_default=True, help="Worker processes.")
-@click.option("--dispatchers", default=2, show_default=True, help="Dispatcher processes.")
+@click.option("--tasks", default=10_000, show_default=True, type=click.IntRange(1, 10_000_000),
+              help="Tasks to drain.")
+@click.option("--workers", default=8, show_default=True, type=click.IntRange(1, 256),
+              help="Worker processes.")
+@click.option("--dispatchers", default=2, show_default=True, type=click.IntRange(1, 64),
+              help="Dispatcher processes.")
 @click.option("--kill-every", default=0.5, show_default=True,
               help="Mean seconds between SIGKILLs of a random process (0: none).")
 @click.option("--lease", default=2.0, show_default=True, help="Lease seconds (tasks, replies).")
@@ -174,6 +194,9 @@ def bench(quick: bool, only: tuple[str, ...], folder: Path | None,
     from bench.runner import default_folder, run_bench
     from bench.scenarios.postgres import public_url
 
+    if results is not None and not results.parent.is_dir():
+        # Found out before the minutes of measuring, not after.
+        raise click.BadParameter(f"{results.parent} is not a folder", param_hint="'--results'")
     words = ["postroom bench", *(["--quick"] if quick else []),
              *(f"--only {name}" for name in only),
              *([f"--pg-url {public_url(pg_url)}"] if pg_url != DEFAULT_PG_URL else [])]
@@ -221,6 +244,10 @@ def random_audit(*, seeds: int, ops: int, rounds: int, processes: int, wait_roun
     """
     from postroom.simulation import random_audit as run
 
+    if folder is not None and folder.is_dir() and any(folder.iterdir()):
+        # An earlier run's databases would meet this run's operations and fail it for
+        # reasons of their own.
+        raise click.BadParameter("must be a new or empty folder", param_hint="'--folder'")
     with click.progressbar(length=seeds * ops + rounds + wait_rounds, label="random audit",
                            file=sys.stderr) as bar:
         summary = run(seeds=seeds, ops=ops, rounds=rounds, processes=processes,

@@ -16,6 +16,7 @@ effect per task, and ``postroom audit`` is clean on both databases.
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 import signal
 import subprocess
@@ -141,12 +142,22 @@ def run_drain(store_url: str, receiver_url: str | None = None, *, tasks: int = 1
     """
     if tasks < 1 or workers < 1 or dispatchers < 1:
         raise InvalidInput("drain", "needs at least one task, worker and dispatcher")
+    for name, value in (("kill_every", kill_every), ("timeout", timeout)):
+        if not (math.isfinite(value) and value >= 0):
+            raise InvalidInput(name, f"must be a finite number of seconds >= 0, got {value!r}")
+    if timeout == 0:
+        raise InvalidInput("timeout", "must be more than 0 seconds")
     receiver_url = receiver_url or store_url
     settings = simulation_settings(lease)
     with open_store(store_url, settings=settings) as store:
         if sum(store.info()["tasks"].values()):
             raise InvalidInput("url", "the store is not empty: a drain needs a fresh database")
         with Receiver.open(receiver_url) as receiver:
+            # Effects left by an earlier run would answer this one's deliveries as
+            # duplicates and pass the count check without this run having done anything.
+            if receiver.effects_total():
+                raise InvalidInput("receiver", "the receiver already holds effects: a drain "
+                                               "needs a fresh database")
             _run_sql(receiver.database.dialect, _EFFECTS_TABLE)
         _enqueue(store, tasks, echo)
         children = _Children(store_url, receiver_url, lease, batch)

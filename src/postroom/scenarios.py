@@ -43,7 +43,7 @@ from typing import Any
 from postroom import faults, waits
 from postroom.audit import audit_database
 from postroom.clock import ManualClock
-from postroom.errors import PostroomError
+from postroom.errors import InvalidInput, PostroomError
 from postroom.models import AuthContext, Envelope, FollowUp
 from postroom.store.core import Store
 
@@ -64,8 +64,18 @@ def load(path: Path | None = None) -> dict[str, Any]:
         text = (resources.files("postroom") / "scenarios.json").read_text("utf-8")
     else:
         text = path.read_text("utf-8")
-    document: dict[str, Any] = json.loads(text)
-    return document
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        raise InvalidInput("file", f"is not JSON: {exc}") from None
+    groups = document.get("groups") if isinstance(document, dict) else None
+    if not isinstance(groups, list) or not all(
+            isinstance(group, dict) and isinstance(group.get("name"), str)
+            and ("steps" in group or "cases" in group) for group in groups):
+        raise InvalidInput("file", 'must be an object whose "groups" is a list of groups, '
+                                   'each with a "name" and "steps" or "cases"')
+    checked: dict[str, Any] = document
+    return checked
 
 
 @dataclass

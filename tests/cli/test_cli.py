@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from contextlib import closing
+
+import pytest
 
 import postroom
 from postroom.store import Database, dialect_for_url, redacted_url
@@ -197,3 +202,75 @@ def test_demo_waits_tells_the_durable_flow_and_succeeds():
                      "exit code 73", "continuations 0", "resume again: replay",
                      "another claim finds nothing", "audit      clean", "every step held"):
         assert evidence in out, evidence
+
+
+def test_random_audit_refuses_a_folder_an_earlier_run_left_databases_in(tmp_path):
+    (tmp_path / "seed-0-store.db").write_bytes(b"")
+    result = run("random-audit", "--seeds", "1", "--ops", "5", "--rounds", "0",
+                 "--wait-rounds", "0", "--folder", str(tmp_path))
+    assert result.returncode == 2 and "must be a new or empty folder" in result.stderr
+
+
+def test_drain_refuses_more_worker_processes_than_a_host_should_start():
+    result = run("drain", "sqlite:///unused.db", "--workers", "100000")
+    assert result.returncode == 2 and "--workers" in result.stderr
+
+
+def test_a_scenario_file_that_is_not_a_scenario_suite_is_one_line(tmp_path):
+    for text in ("{not json", "[]", '{"cases": []}'):
+        path = tmp_path / "suite.json"
+        path.write_text(text, "utf-8")
+        result = run("scenarios", "--file", str(path))
+        assert result.returncode == 2, result.stderr
+        assert "Traceback" not in result.stderr
+        assert result.stderr.startswith("Error: InvalidInput: file:")
+
+
+def test_bench_refuses_a_results_file_in_a_missing_folder_before_measuring(tmp_path):
+    result = run("bench", "--quick", "--only", "single", "--results",
+                 str(tmp_path / "missing" / "results.md"))
+    assert result.returncode == 2 and "is not a folder" in result.stderr
+    assert "raw" not in result.stderr  # nothing was measured
+
+
+def test_a_folder_that_cannot_be_created_is_one_line(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("", "utf-8")
+    result = run("random-audit", "--seeds", "1", "--ops", "5", "--rounds", "0",
+                 "--wait-rounds", "0", "--folder", str(blocker / "sub"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+
+
+def _children(pid: int) -> set[int]:
+    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True,
+                           check=False)
+    return {int(line) for line in found.stdout.split()}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_ends_a_drain_and_its_worker_processes(tmp_path, signum):
+    command = [sys.executable, "-m", "postroom", "drain", f"sqlite:///{tmp_path / 'store.db'}",
+               "--tasks", "100000", "--workers", "2", "--dispatchers", "1", "--kill-every", "0"]
+    with subprocess.Popen(command, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL) as drain:
+        try:
+            deadline = time.monotonic() + 60
+            while len(workers := _children(drain.pid)) < 3:  # the enqueueing comes first
+                assert drain.poll() is None and time.monotonic() < deadline
+                time.sleep(0.05)
+            drain.send_signal(signum)
+            assert drain.wait(timeout=30) == 128 + signum  # 143 for SIGTERM, 130 for Ctrl-C
+        finally:
+            drain.kill()
+    deadline = time.monotonic() + 10
+    while any(map(_alive, workers)) and time.monotonic() < deadline:
+        time.sleep(0.05)  # killed; init reaps them as orphans
+    assert not any(map(_alive, workers))
