@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -56,6 +57,9 @@ class _Group(click.Group):
 @click.version_option(package_name="postroom")
 def main() -> None:
     """postroom: durable coordination for multi-agent systems."""
+    # The connection pool logs every failed attempt; a command's own error already gives
+    # the reason, in one line.
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 
 
 @main.command()

@@ -26,6 +26,25 @@ def raw(url: str) -> psycopg.Connection:
     return psycopg.connect(url, autocommit=True)
 
 
+# -- opening ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("wrong", "answer"), [
+    ("/postroom_no_such_database", 'database "postroom_no_such_database" does not exist'),
+    ("?port=not-a-port", 'invalid integer value "not-a-port"')])
+def test_an_address_no_wait_will_mend_fails_at_once_saying_what_was_answered(pg_url, wrong,
+                                                                           answer):
+    from tests.pg import ADMIN_URL, with_database
+
+    url = (with_database(ADMIN_URL, wrong[1:]) if wrong.startswith("/")
+           else ADMIN_URL + wrong)
+    with pytest.raises(postroom.StoreError, match=answer) as refused:
+        PostgresDialect(url, connect_timeout=30)
+    # Not StoreUnavailable, "try again", which a server that is down gets after the wait.
+    assert not isinstance(refused.value, postroom.StoreUnavailable)
+    assert "\n" not in str(refused.value)
+
+
 # -- parameters ---------------------------------------------------------------------------------
 
 def test_named_parameters_become_psycopg_placeholders(pg_store):
@@ -287,13 +306,6 @@ def test_driver_errors_are_translated_at_the_boundary(pg_store, error, expected)
     translated = pg_store.database.dialect.translate(error)
     assert type(translated) is expected
     assert str(error) in str(translated)
-
-
-def test_a_store_that_cannot_connect_says_what_the_server_answered(pg_url):
-    missing = pg_url.split("?")[0].rsplit("/", 1)[0] + "/postroom_no_such_database"
-    with pytest.raises(postroom.StoreUnavailable,
-                       match='database "postroom_no_such_database" does not exist'):
-        PostgresDialect(missing, connect_timeout=1)
 
 
 def test_only_failures_that_committed_nothing_are_retried(pg_store):

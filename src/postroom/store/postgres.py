@@ -253,12 +253,19 @@ class PostgresDialect(Dialect):
             name="postroom", configure=self._configure,
             kwargs=self.connect_options(row_factory=dict_row, autocommit=False,
                                         application_name="postroom"))
+        # One direct connection first: the pool only logs why it cannot connect, and would
+        # wait the whole timeout for an address that no wait will mend.
+        started = time.monotonic()
+        reason = _refusal(url, connect_timeout)
+        if any(words in reason for words in _WRONG_ADDRESS):
+            raise StoreError(f"postgres: cannot connect to {redacted_url(url)}{reason}")
         try:
-            self._pool.open(wait=True, timeout=connect_timeout)
+            self._pool.open(wait=True, timeout=max(1.0, connect_timeout - (
+                time.monotonic() - started)))
         except PoolTimeout as exc:
             self._pool.close()
             raise StoreUnavailable(f"postgres: no connection to {redacted_url(url)} within "
-                                   f"{connect_timeout:g}s{_refusal(url, connect_timeout)}"
+                                   f"{connect_timeout:g}s{reason or _refusal(url, 1)}"
                                    ) from exc
         with self.connection() as session:
             schema = str(_one(self.execute(session, "SELECT current_schema() AS name",
@@ -616,5 +623,12 @@ def _refusal(url: str, timeout: float) -> str:
     try:
         psycopg.connect(url, connect_timeout=max(1, int(timeout))).close()
     except psycopg.Error as exc:
-        return f": {str(exc).strip()}"
+        return f": {' '.join(str(exc).split())}"
     return ""
+
+
+#: libpq's words for an address that no wait will mend (a server that is down or starting
+#: up, or full, may answer later; a database or role that does not exist will not).
+_WRONG_ADDRESS = ("does not exist", "authentication failed", "no pg_hba.conf entry",
+                  "connection is bad: invalid", "invalid connection option")
+
