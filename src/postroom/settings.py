@@ -38,8 +38,9 @@ class ExponentialBackoff:
     def __post_init__(self) -> None:
         _positive("backoff.base", self.base)
         _positive("backoff.cap", self.cap)
-        if not 0.0 <= self.jitter <= 1.0:
-            raise InvalidInput("backoff.jitter", f"must be in 0..1, got {self.jitter!r}")
+        if type(self.jitter) not in (int, float) or not 0.0 <= self.jitter <= 1.0:
+            raise InvalidInput("backoff.jitter", f"must be a number in 0..1, got "
+                                                 f"{self.jitter!r}")
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         """Seconds to wait after ``attempt`` failed tries."""
@@ -94,6 +95,12 @@ class Settings:
         _bounded("lease", self.lease, 0.001, _DAY)
         _bounded("dispatch_lease", self.dispatch_lease, 0.001, _DAY)
         _bounded("retention", self.retention, 0.0, 3650 * _DAY)
+        if not isinstance(self.limits, Limits):
+            raise InvalidInput("limits", f"must be a Limits, got {type(self.limits).__name__}")
+        for name in ("backoff", "delivery_backoff"):
+            if not callable(getattr(getattr(self, name), "delay", None)):
+                raise InvalidInput(name, "must be a Backoff: an object with "
+                                         "delay(attempt, rng) -> seconds")
         for name, value, low, high in (("max_hops", self.max_hops, 1, 1024),
                                        ("delivery_budget", self.delivery_budget, 1, 100),
                                        ("sweep_limit", self.sweep_limit, 1, 100_000)):

@@ -258,7 +258,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_stop_signal_ends_a_drain_and_its_worker_processes(tmp_path, signum):
     command = [sys.executable, "-m", "postroom", "drain", f"sqlite:///{tmp_path / 'store.db'}",
-               "--tasks", "100000", "--workers", "2", "--dispatchers", "1", "--kill-every", "0"]
+               "--tasks", "5000", "--workers", "2", "--dispatchers", "1", "--kill-every", "0"]
     with subprocess.Popen(command, stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL) as drain:
         try:

@@ -156,6 +156,12 @@ def test_something_other_than_an_envelope_is_refused_naming_the_field(store, aut
     assert count_tasks(store) == 0
 
 
+def test_receive_atomic_names_the_item_whose_sender_is_not_the_principal(store, auth):
+    with pytest.raises(postroom.Unauthorized, match=r"^envelopes\[1\]: sender 'someone'"):
+        store.receive_atomic(auth, [envelope("m-1"), envelope("m-2", sender="someone")])
+    assert count_tasks(store) == 0
+
+
 def test_receive_atomic_stores_all_in_one_transaction(store, auth):
     acks = store.receive_atomic(auth, [envelope(f"m-{i}") for i in range(5)])
     assert [a.duplicate for a in acks] == [False] * 5

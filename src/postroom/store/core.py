@@ -22,6 +22,7 @@ from postroom.errors import (
     PayloadCollision,
     PermanentDeliveryError,
     SchemaError,
+    Unauthorized,
 )
 from postroom.models import (
     Ack,
@@ -608,6 +609,8 @@ def _indexed(index: int, check: Any, *args: Any, prefix: str = "envelopes",
         return check(*args, **kwargs)
     except InvalidInput as exc:
         raise type(exc)(f"{prefix}[{index}].{exc.field}", exc.problem) from None
+    except Unauthorized as exc:  # e.g. one item's sender is not the principal
+        raise Unauthorized(f"{prefix}[{index}]: {exc}") from None
 
 
 def _check_limit(limit: int) -> None:
