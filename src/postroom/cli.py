@@ -6,6 +6,7 @@ import json
 import logging
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,8 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         from postroom.errors import PostroomError
 
-        signal.signal(signal.SIGTERM, _terminated)
+        if threading.current_thread() is threading.main_thread():  # where signals are handled
+            signal.signal(signal.SIGTERM, _terminated)
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt:
