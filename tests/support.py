@@ -24,3 +24,19 @@ def envelope(message_id: str = "m-1", **fields: object) -> postroom.Envelope:
 def latest_schema(store: postroom.Store, component: str = "store") -> int:
     """The newest schema version this postroom ships for ``component`` on the store's dialect."""
     return store.database.dialect.migrations(component)[-1][0]
+
+
+def analyze(store: postroom.Store) -> None:
+    """Gather planner statistics for the store's own tables, as production's would be.
+
+    On PostgreSQL a bare ANALYZE would visit every schema of the shared tests' database,
+    and deadlock with another test process dropping its schema.
+    """
+    dialect = store.database.dialect
+    with dialect.connection() as conn:
+        if dialect.name == "sqlite":
+            dialect.execute(conn, "ANALYZE", ())
+            return
+        tables = [row["tablename"] for row in dialect.execute(
+            conn, "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()", ())]
+        dialect.execute(conn, "ANALYZE " + ", ".join(f'"{name}"' for name in tables), ())

@@ -12,7 +12,7 @@ from postroom import waits
 from postroom.store import Operation, Tx
 from tests.conformance.test_plans import PG_SORT, explain
 from tests.conftest import UrlFactory, backends, require_postgres
-from tests.support import SETTINGS, START
+from tests.support import SETTINGS, START, analyze
 
 TABLES = ("waits", "wait_slots", "wait_receipts", "wait_continuations", "wait_effects")
 # Partial indexes that hold only the rows a sweep wants: walking their head in order is the
@@ -88,9 +88,7 @@ def _populate(store: postroom.Store) -> postroom.Store:
         lambda tx, index=index: waits.resume(
             tx, settings, waits.check_address(settings, "f", f"s-{index}", 1), None)
         for index in range(0, count, 6)])
-    dialect = store.database.dialect
-    with dialect.connection() as conn:
-        dialect.execute(conn, "ANALYZE", ())  # plan with real statistics, as production would
+    analyze(store)  # plan with real statistics, as production would
     return store
 
 

@@ -18,7 +18,7 @@ import postroom
 from tests import pg
 from tests.conformance.test_plans import HOT_QUERIES, INDEX, plan_problems
 from tests.conftest import require_postgres
-from tests.support import START, envelope
+from tests.support import START, analyze, envelope
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 #: The types psycopg gives these Python values when it binds them.
@@ -38,9 +38,7 @@ def populated():
     for _ in range(2):
         store.finish_batch([(claim, None) for claim in store.claim_batch("w", 6_000)])
     store.claim_batch("w", 50)
-    dialect = store.database.dialect
-    with dialect.connection() as conn:
-        dialect.execute(conn, "ANALYZE", ())
+    analyze(store)  # plan with real statistics, as production would
     yield store
     store.close()
     pg.drop_schema(url)
