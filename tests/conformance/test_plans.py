@@ -10,7 +10,7 @@ import re
 import pytest
 
 import postroom
-from tests.support import START, envelope
+from tests.support import START, analyze, envelope
 
 HOT_QUERIES = {
     "claim_tasks": {"queue": "default", "now": START, "limit": 1, "owner": "w",
@@ -60,9 +60,7 @@ def populated(store, auth):
     # of a store that has been working for a while, which is what the planner must face.
     store.finish_batch([(claim, None) for claim in store.claim_batch("w", 1200)])
     store.claim_batch("w", 50)
-    dialect = store.database.dialect
-    with dialect.connection() as conn:
-        dialect.execute(conn, "ANALYZE", ())  # plan with real statistics, as production would
+    analyze(store)  # plan with real statistics, as production would
     return store
 
 
@@ -97,3 +95,23 @@ def test_the_plan_rules_catch_a_scan_and_a_sort():
                 "        ->  Seq Scan on tasks  (cost=0..9)",
                 "  ->  Bitmap Heap Scan on replies", "  ->  Index Scan using tasks_pkey on tasks"]
     assert plan_problems("postgres", postgres) == [postgres[1], postgres[3], postgres[4]]
+
+
+def test_an_owners_decision_never_walks_the_tasks_that_share_its_deadline(store, auth):
+    # No ANALYZE: a server with autovacuum off plans without statistics. A guard comparing
+    # the deadline by equality was then answered from the deadline index, walking every live
+    # task with that deadline (a batch received together shares one) for each decision.
+    deadline = START + 3600
+    for start in range(0, 3000, 500):
+        store.receive_atomic(auth, [envelope(f"m-{i}", deadline=deadline)
+                                    for i in range(start, start + 500)])
+    store.finish_batch([(claim, None) for claim in store.claim_batch("w", 1000)])
+    claim = store.claim_batch("w", 50)[0]
+    params = {"task_id": claim.task_id, "claim_owner": "w", "fence": claim.fence,
+              "attempt": claim.attempt, "max_attempts": claim.max_attempts,
+              "hops": claim.hops, "deadline": claim.deadline, "principal": claim.principal,
+              "queue": claim.queue, "to_state": "done", "owner": None, "lease_until": None,
+              "available_at": START, "result": "null", "last_error": None, "now": START}
+    lines = explain(store, "task_apply_owned", params)
+    assert not any("tasks_live_deadlines" in line for line in lines), "\n".join(lines)
+    assert plan_problems(store.database.dialect.name, lines) == [], "\n".join(lines)
