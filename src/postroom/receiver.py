@@ -101,20 +101,17 @@ class Receiver:
 
     def receipt(self, reply_id: str) -> dict[str, Any] | None:
         """The stored receipt of ``reply_id``, or ``None``."""
-        with self._db.read() as tx:
-            row = tx.one("receipt_get", reply_id=reply_id)
+        row = self._db.read_run(lambda tx: tx.one("receipt_get", reply_id=reply_id))
         return dict(row) if row is not None else None
 
     def effect_count(self, reply_id: str) -> int:
         """How many business effects ``reply_id`` has had (never more than one)."""
-        with self._db.read() as tx:
-            row = tx.one("effect_count", reply_id=reply_id)
+        row = self._db.read_run(lambda tx: tx.one("effect_count", reply_id=reply_id))
         return int(row["n"]) if row is not None else 0
 
     def effects_total(self) -> int:
         """How many business effects there are in all."""
-        with self._db.read() as tx:
-            row = tx.one("effects_total")
+        row = self._db.read_run(lambda tx: tx.one("effects_total"))
         return int(row["n"]) if row is not None else 0
 
     @property

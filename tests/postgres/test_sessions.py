@@ -43,6 +43,15 @@ def test_a_session_ended_before_commit_is_retried_and_applied_once(own_database,
         assert count_tasks(store) == 1
 
 
+def test_a_read_whose_session_was_ended_runs_again_on_a_new_one(own_database, auth):
+    with postroom.open_store(own_database) as store:
+        task_id = store.receive(auth, envelope(deadline=FAR)).task_id
+        # The pool keeps the idle session; a server restart (or an operator) ends it.
+        assert pg.terminate_sessions(own_database) >= 1
+        assert store.task(task_id).state == postroom.TaskState.PENDING
+        assert count_tasks(store) == 1
+
+
 def lose_the_connection_at_commit(monkeypatch, *, commit_first: bool) -> None:
     """The next COMMIT's reply never arrives (once it was, or was not, committed)."""
     original = psycopg.Connection.commit

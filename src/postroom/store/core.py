@@ -150,8 +150,7 @@ class Store:
         """The highest ``seq`` of ``stream`` such that every lower one is stored (0: none)."""
         principal = inbox.principal_of(self._settings, auth)
         check_text(stream, "stream", max_bytes=self._settings.limits.text_bytes)
-        with self._db.read() as tx:
-            return inbox.watermark(tx, principal, stream)
+        return self._db.read_run(lambda tx: inbox.watermark(tx, principal, stream))
 
     # -- tasks ----------------------------------------------------------------------------------
 
@@ -243,22 +242,19 @@ class Store:
 
     def task(self, task_id: str) -> Task:
         """The task ``task_id`` as stored; ``NotFound`` if there is none."""
-        with self._db.read() as tx:
-            row = tx.one("task_get", task_id=task_id)
+        row = self._db.read_run(lambda tx: tx.one("task_get", task_id=task_id))
         if row is None:
             raise NotFound(f"no task {task_id}")
         return Task.from_row(row)
 
     def reply(self, task_id: str) -> Reply | None:
         """The reply of task ``task_id``, or ``None`` while the task is not terminal."""
-        with self._db.read() as tx:
-            row = tx.one("reply_get", task_id=task_id)
+        row = self._db.read_run(lambda tx: tx.one("reply_get", task_id=task_id))
         return Reply.from_row(row) if row is not None else None
 
     def requeues(self, reply_id: str) -> list[Requeue]:
         """The recorded operator decisions to resend ``reply_id``, oldest first."""
-        with self._db.read() as tx:
-            rows = tx.all("requeues_for_reply", reply_id=reply_id)
+        rows = self._db.read_run(lambda tx: tx.all("requeues_for_reply", reply_id=reply_id))
         return [Requeue(reply_id=row["reply_id"], operator=row["operator"],
                         reason=row["reason"], requeued_at=float(row["requeued_at"]),
                         previous_attempts=int(row["previous_attempts"]),
@@ -421,8 +417,7 @@ class Store:
     def continuations(self, *, limit: int = 100) -> list[Continuation]:
         """Unconsumed continuations, oldest first: after a restart, what is left to resume."""
         _check_limit(limit)
-        with self._db.read() as tx:
-            return waits.continuations(tx, limit)
+        return self._db.read_run(lambda tx: waits.continuations(tx, limit))
 
     def wait(self, flow: str, step: str, generation: int | None = None) -> Wait:
         """One wait generation as stored (the current one by default); ``NotFound`` if none."""
@@ -431,8 +426,7 @@ class Store:
         check_text(step, "step", max_bytes=limit)
         if generation is not None:
             waits.check_address(self._settings, flow, step, generation)
-        with self._db.read() as tx:
-            return waits.get_wait(tx, flow, step, generation)
+        return self._db.read_run(lambda tx: waits.get_wait(tx, flow, step, generation))
 
     # -- housekeeping ---------------------------------------------------------------------------
 
@@ -532,13 +526,16 @@ def describe(database: Database, settings: Settings, *, settings_from: str) -> d
     ``settings_from`` says whose the settings shown are: they live in the processes that open
     the store, not in the database.
     """
-    with database.read() as tx:
-        task_counts = {row["state"]: int(row["n"]) for row in tx.all("task_counts")}
-        reply_counts = {row["state"]: int(row["n"]) for row in tx.all("reply_counts")}
-        wait_counts = {row["state"]: int(row["n"]) for row in tx.all("wait_counts")}
-        unconsumed = tx.one("continuations_unconsumed_count")
-        clock = tx.one("clock_read")
+    def read(tx: Tx) -> dict[str, Any]:
         durability, warnings = database.dialect.durability(tx.conn)
+        return {"tasks": {row["state"]: int(row["n"]) for row in tx.all("task_counts")},
+                "replies": {row["state"]: int(row["n"]) for row in tx.all("reply_counts")},
+                "waits": {row["state"]: int(row["n"]) for row in tx.all("wait_counts")},
+                "unconsumed": tx.one("continuations_unconsumed_count"),
+                "clock": tx.one("clock_read"), "durability": durability, "warnings": warnings}
+
+    found = database.read_run(read)
+    clock, unconsumed = found["clock"], found["unconsumed"]
     return {
         "dialect": database.dialect.name,
         "schema_version": database.schema_version("store"),
@@ -549,12 +546,12 @@ def describe(database: Database, settings: Settings, *, settings_from: str) -> d
         "max_hops": settings.max_hops,
         "delivery_budget": settings.delivery_budget,
         "time_high_water": float(clock["high_water"]) if clock is not None else None,
-        "tasks": task_counts,
-        "replies": reply_counts,
-        "waits": wait_counts,
+        "tasks": found["tasks"],
+        "replies": found["replies"],
+        "waits": found["waits"],
         "continuations_unconsumed": int(unconsumed["n"]) if unconsumed is not None else 0,
-        "durability": durability,
-        "warnings": warnings,
+        "durability": found["durability"],
+        "warnings": found["warnings"],
     }
 
 

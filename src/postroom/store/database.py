@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, TypeVar
 
 from postroom import faults
@@ -205,17 +205,7 @@ class Database:
         left nothing behind (``retry_delay`` returns a delay), ``work`` runs again in a new
         transaction; ``work`` must therefore do nothing outside the transaction.
         """
-        attempt = 0
-        while True:
-            try:
-                with self.transaction(op) as tx:
-                    return work(tx)
-            except StoreUnavailable as exc:
-                delay = self.dialect.retry_delay(exc, attempt)
-                if delay is None:
-                    raise
-                attempt += 1
-                time.sleep(delay)
+        return self._retrying(lambda: self.transaction(op), work)
 
     def run_batch(self, op: Operation, bulk: Callable[[Tx], T], each: Callable[[Tx], T]) -> T:
         """Do a batch with ``bulk`` (a few statements for all items) or, failing that, ``each``.
@@ -229,6 +219,29 @@ class Database:
             return self.run(op, bulk)
         except NotAllApplied:
             return self.run(op, each)
+
+    def read_run(self, work: Callable[[Tx], T]) -> T:
+        """Run ``work(tx)`` in a read transaction and return its result.
+
+        A read changes nothing, so when its session is lost (a server restarting ends every
+        session, the pooled ones included) it runs again on a new one, as ``run`` does for a
+        write that committed nothing.
+        """
+        return self._retrying(self.read, work)
+
+    def _retrying(self, begin: Callable[[], AbstractContextManager[Tx]],
+                  work: Callable[[Tx], T]) -> T:
+        attempt = 0
+        while True:
+            try:
+                with begin() as tx:
+                    return work(tx)
+            except StoreUnavailable as exc:
+                delay = self.dialect.retry_delay(exc, attempt)
+                if delay is None:
+                    raise
+                attempt += 1
+                time.sleep(delay)
 
     @contextmanager
     def read(self) -> Iterator[Tx]:
