@@ -97,12 +97,13 @@ KEEPERS: list[Callable[[Snapshot], Set[str]]] = []
 
 
 def prunable(snapshot: Snapshot, task_id: str, cutoff: float) -> bool:
-    """Whether pruning at ``cutoff`` may forget ``task_id``: terminal, reply sent, old, and
-    needed by no component."""
+    """Whether pruning at ``cutoff`` may forget ``task_id``: terminal, reply sent, old, at
+    no stream position above its stream's watermark, and needed by no component."""
     row = snapshot.tasks[task_id]
     reply = snapshot.replies.get(reply_id_for(task_id))
     return (row["state"] in TERMINAL and reply is not None and reply["state"] == "sent"
             and row["received_at"] is not None and row["received_at"] < cutoff
+            and not row["above_watermark"]
             and not any(task_id in kept(snapshot) for kept in KEEPERS))
 
 

@@ -2,10 +2,18 @@
 -- databases hold before and after every step. The store itself never runs these.
 
 -- name: snapshot_tasks
--- Every task, with the fingerprint and arrival time of its inbox identity.
+-- Every task, with the fingerprint and arrival time of its inbox identity, and whether it
+-- holds a stream position above its stream's watermark (which pruning keeps).
 SELECT tasks.task_id, tasks.state, tasks.queue, tasks.owner, tasks.fence, tasks.attempts,
        tasks.max_attempts, tasks.lease_until, tasks.available_at, tasks.deadline, tasks.hops,
-       tasks.parent_task_id, tasks.result, inbox.fingerprint, inbox.received_at
+       tasks.parent_task_id, tasks.result, inbox.fingerprint, inbox.received_at,
+       CASE WHEN EXISTS (
+           SELECT 1 FROM stream_positions
+           JOIN streams ON streams.principal = stream_positions.principal
+                       AND streams.stream = stream_positions.stream
+           WHERE stream_positions.task_id = tasks.task_id
+             AND stream_positions.seq > streams.watermark) THEN 1 ELSE 0 END
+           AS above_watermark
 FROM tasks
 LEFT JOIN inbox ON inbox.task_id = tasks.task_id
 
