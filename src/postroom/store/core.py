@@ -565,16 +565,12 @@ def inspect_store(url: str, *, settings: Settings | None = None) -> dict[str, An
 
     database = Database(dialect_for_url(url, read_only=True), track_time=False)
     try:
-        found = database.schema_version("store")
-        latest = database.dialect.migrations("store")[-1][0]
-        if found == 0:
+        if database.schema_version("store") == 0:
             raise SchemaError(f"no postroom store at {redacted_url(url)} "
                               "(postroom init creates one)")
-        if found != latest:
-            remedy = ("postroom init upgrades it" if found < latest
-                      else "use the postroom that wrote it")
-            raise SchemaError(f"the store's schema is version {found}, this postroom's is "
-                              f"{latest}: {remedy}")
+        problem = database.schema_problem("store")
+        if problem is not None:
+            raise SchemaError(f"the store's schema is {problem}")
         if settings is None:
             return describe(database, Settings(), settings_from=(
                 "postroom's defaults: an application's own Settings are not in the database"))

@@ -303,6 +303,17 @@ class Database:
             return 0
         return int(row["version"]) if row is not None else 0
 
+    def schema_problem(self, component: str) -> str | None:
+        """Why ``component``'s schema is not the version this postroom reads (``None`` when it
+        is, or when the database has none): for a look that must not upgrade it."""
+        found = self.schema_version(component)
+        latest = self.dialect.migrations(component)[-1][0]
+        if found in (0, latest):
+            return None
+        remedy = ((("postroom init" if component == "store" else "opening it with this postroom")
+                   + " upgrades it") if found < latest else "use the postroom that wrote it")
+        return f"version {found}, this postroom's is {latest}: {remedy}"
+
     def close(self) -> None:
         """Release the dialect's connections."""
         self.dialect.close()
