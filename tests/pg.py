@@ -65,9 +65,11 @@ def create_schema(label: str, admin_url: str = ADMIN_URL) -> str:
     try:
         conn = psycopg.connect(tests_url, autocommit=True, connect_timeout=10)
     except psycopg.OperationalError:
-        # (another test process may have created it first)
+        # Another test process may have created it first, or be creating it right now: then
+        # CREATE DATABASE fails on the catalog's unique index rather than as a duplicate.
         with (psycopg.connect(admin_url, autocommit=True, connect_timeout=10) as admin,
-              contextlib.suppress(psycopg.errors.DuplicateDatabase)):
+              contextlib.suppress(psycopg.errors.DuplicateDatabase,
+                                  psycopg.errors.UniqueViolation)):
             admin.execute(f'CREATE DATABASE "{TESTS_DATABASE}"')
         conn = psycopg.connect(tests_url, autocommit=True, connect_timeout=10)
     with conn:

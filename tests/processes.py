@@ -342,6 +342,11 @@ def _prune(ctx: Context) -> int:
     return _store(ctx).prune()
 
 
+@step("publish_retention")
+def _publish_retention(ctx: Context, seconds: float) -> float | None:
+    return _store(ctx).publish_retention(seconds)
+
+
 def _plain(value: Any) -> Any:
     """A step's value as JSON data (records become dicts, enums their values)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):

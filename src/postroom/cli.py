@@ -91,14 +91,25 @@ def demo(story: str) -> None:
 
 @main.command()
 @click.argument("url")
-def init(url: str) -> None:
-    """Create or upgrade the store schema at URL."""
+@click.option("--retention", type=float, default=None, metavar="SECONDS",
+              help="Publish this retention period: inbox identities are kept at least this "
+                   "long (a new store publishes 604800, 7 days, unless told otherwise).")
+def init(url: str, retention: float | None) -> None:
+    """Create or upgrade the store schema at URL, and show the retention period it publishes.
+
+    With --retention, publish a new period. Every process prunes by the published period;
+    one whose Settings name another period is refused when it opens the store.
+    """
     from postroom.store import redacted_url
     from postroom.store.core import open_store
 
     with open_store(url) as store:
-        click.echo(json.dumps({"url": redacted_url(url),
-                               "schema_version": store.info()["schema_version"]}))
+        shown: dict[str, object] = {"url": redacted_url(url),
+                                    "schema_version": store.info()["schema_version"]}
+        if retention is not None:
+            shown["previous_retention_seconds"] = store.publish_retention(retention)
+        shown["retention_seconds"] = store.retention
+        click.echo(json.dumps(shown))
 
 
 @main.command()
@@ -107,8 +118,9 @@ def info(url: str) -> None:
     """Show a store's schema version, counts and time high-water, read-only.
 
     Also the database settings durability depends on, with a warning for each weak one
-    (PostgreSQL with fsync or synchronous_commit off, say), and postroom's default settings
-    (retention included): the Settings an application opens the store with are its own.
+    (PostgreSQL with fsync or synchronous_commit off, say), the retention period the store
+    publishes, and postroom's default settings: the others an application opens the store
+    with are its own.
     Nothing is created, upgraded or written: a store of another schema version is refused.
     """
     from postroom.store.core import inspect_store

@@ -10,9 +10,14 @@ from typing import Protocol
 from postroom.errors import InvalidInput
 from postroom.validation import DEFAULT_LIMITS, Limits, check_text
 
-__all__ = ["Backoff", "ExponentialBackoff", "FixedBackoff", "Settings"]
+__all__ = ["DEFAULT_RETENTION", "MAX_RETENTION", "Backoff", "ExponentialBackoff", "FixedBackoff",
+           "Settings", "check_retention"]
 
 _DAY = 86_400.0
+#: The retention period a new store publishes unless its first opener gives one: 7 days.
+DEFAULT_RETENTION = 7 * _DAY
+#: The longest retention period a store may publish: 3,650 days.
+MAX_RETENTION = 3650 * _DAY
 
 
 class Backoff(Protocol):
@@ -78,8 +83,12 @@ class Settings:
     delivery_budget: int = 3
     #: Seconds a publisher holds a reply it is delivering.
     dispatch_lease: float = 30.0
-    #: Inbox identities are kept at least this many seconds (see ``postroom info``).
-    retention: float = 7 * _DAY
+    #: Inbox identities are kept at least this many seconds. The period is the store's, published
+    #: in its database (``postroom info`` shows it): ``None`` takes the published one, and the
+    #: store's first opener publishes its own (``DEFAULT_RETENTION`` if ``None``). A number
+    #: that differs from the published period is refused at open; ``postroom init URL
+    #: --retention SECONDS`` changes it.
+    retention: float | None = None
     #: Task retry backoff after a retryable failure.
     backoff: Backoff = field(default_factory=ExponentialBackoff)
     #: Reply redelivery backoff after a transient delivery failure.
@@ -94,7 +103,8 @@ class Settings:
     def __post_init__(self) -> None:
         _bounded("lease", self.lease, 0.001, _DAY)
         _bounded("dispatch_lease", self.dispatch_lease, 0.001, _DAY)
-        _bounded("retention", self.retention, 0.0, 3650 * _DAY)
+        if self.retention is not None:
+            check_retention(self.retention)
         if not isinstance(self.limits, Limits):
             raise InvalidInput("limits", f"must be a Limits, got {type(self.limits).__name__}")
         for name in ("backoff", "delivery_backoff"):
@@ -111,6 +121,12 @@ class Settings:
                 raise InvalidInput("allowed_sources", "must be a frozenset of principals")
             for source in self.allowed_sources:
                 check_text(source, "allowed_sources", max_bytes=self.limits.text_bytes)
+
+
+def check_retention(seconds: float) -> float:
+    """``seconds`` as a retention period, or ``InvalidInput`` naming ``retention``."""
+    _bounded("retention", seconds, 0.0, MAX_RETENTION)
+    return float(seconds)
 
 
 def _positive(name: str, value: float) -> None:

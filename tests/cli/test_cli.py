@@ -65,6 +65,23 @@ def test_info_shows_the_retention_period(db_url):
     assert result.returncode == 0 and '"retention_seconds": 604800.0' in result.stdout
 
 
+def test_init_publishes_a_retention_period_every_opener_then_adopts(db_url):
+    postroom.open_store(db_url).close()
+    result = run("init", db_url, "--retention", "3600")
+    assert result.returncode == 0, result.stderr
+    shown = json.loads(result.stdout)
+    assert (shown["previous_retention_seconds"], shown["retention_seconds"]) == (604800.0, 3600.0)
+    assert json.loads(run("info", db_url).stdout)["retention_seconds"] == 3600.0
+    with postroom.open_store(db_url) as store:
+        assert store.retention == 3600.0
+
+
+def test_init_refuses_a_bad_retention_naming_it(db_url):
+    result = run("init", db_url, "--retention", "nan")
+    assert result.returncode == 2 and "retention" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_info_on_a_missing_file_creates_nothing(tmp_path):
     path = tmp_path / "typo.db"
     result = run("info", f"sqlite:///{path}")

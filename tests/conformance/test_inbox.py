@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import pytest
@@ -346,7 +347,51 @@ def test_pruning_keeps_live_tasks_and_unsent_replies(db_url, clock):
 
 
 def test_info_publishes_the_retention_period(store):
-    assert store.info()["retention_seconds"] == store.settings.retention
+    assert store.info()["retention_seconds"] == store.settings.retention == store.retention
+
+
+def test_a_new_store_publishes_seven_days_unless_its_first_opener_says_otherwise(make_url):
+    with postroom.open_store(make_url("default")) as store:
+        assert store.retention == 7 * 86_400
+    with postroom.open_store(make_url("chosen"),
+                             settings=postroom.Settings(retention=60.0)) as store:
+        assert store.info()["retention_seconds"] == 60.0
+
+
+def test_later_openers_adopt_the_published_retention(db_url):
+    postroom.open_store(db_url, settings=postroom.Settings(retention=60.0)).close()
+    with postroom.open_store(db_url) as store:
+        assert store.retention == store.settings.retention == 60.0
+
+
+def test_an_opener_asking_for_another_retention_is_refused(db_url):
+    postroom.open_store(db_url, settings=postroom.Settings(retention=60.0)).close()
+    with pytest.raises(postroom.InvalidInput, match="publishes 60 seconds") as refused:
+        postroom.open_store(db_url, settings=postroom.Settings(retention=3600.0))
+    assert refused.value.field == "retention"
+    with postroom.open_store(db_url) as store:
+        assert store.retention == 60.0
+
+
+def test_pruning_follows_a_retention_another_process_published(db_url, clock, make_url):
+    with postroom.open_store(db_url, clock=clock) as store, \
+            postroom.open_store(db_url, clock=clock) as operator, \
+            postroom.Receiver.open(make_url("receiver")) as receiver:
+        store.receive(postroom.AuthContext(principal="planner"), envelope())
+        store.finish(store.claim("w"), None)
+        store.dispatch(postroom.InProcessTransport(receiver))
+        clock.advance(61)
+        assert store.prune() == 0  # a week has not passed
+        assert operator.publish_retention(60.0) == 7 * 86_400
+        assert store.prune() == 1
+
+
+@pytest.mark.parametrize("seconds", [-1.0, math.nan, math.inf, 3651 * 86_400.0, "60"])
+def test_a_bad_retention_is_refused_before_it_is_published(store, seconds):
+    with pytest.raises(postroom.InvalidInput) as refused:
+        store.publish_retention(seconds)
+    assert refused.value.field == "retention"
+    assert store.info()["retention_seconds"] == 7 * 86_400
 
 
 def test_info_shows_the_durability_settings_a_store_runs_with(store):

@@ -75,3 +75,13 @@ def test_a_schema_newer_than_the_code_is_refused(db_url):
             dialect.commit(conn)
     with pytest.raises(postroom.SchemaError, match="version 99"):
         postroom.open_store(db_url)
+
+
+def test_a_store_upgraded_from_before_published_settings_publishes_its_openers(db_url):
+    older = Database(dialect_for_url(db_url))
+    try:
+        older.migrate("store", target=3)
+    finally:
+        older.close()
+    with postroom.open_store(db_url, settings=postroom.Settings(retention=60.0)) as store:
+        assert store.info()["retention_seconds"] == 60.0

@@ -26,6 +26,7 @@ import pytest
 import postroom
 from postroom import Fenced, NotFound, Outcome, ReplyState, TaskState
 from postroom.audit import audit_url
+from postroom.settings import DEFAULT_RETENTION
 from postroom.transitions import reply_id_for
 from tests.crash.world import AUTH, RESULT, Refusing, World, task_id
 from tests.support import SETTINGS, START, envelope, latest_schema
@@ -407,7 +408,7 @@ class Prune(CommitCrash):
         world.receive()
         world.work(owner="w-1")
         world.dispatch()
-        world.clock.set(START + SETTINGS.retention + 1)
+        world.clock.set(START + world.store.retention + 1)
 
     def steps(self, world: World) -> Sequence[Call]:
         return [call("prune")]
@@ -424,6 +425,31 @@ class Prune(CommitCrash):
 
     def retry(self, world: World) -> None:
         assert world.store.prune() == (0 if self.committed else 1)
+
+    def converged(self, world: World) -> None:
+        assert world.store.info()["tasks"] == {}
+        assert world.effects() == 1 and world.receiver.effects_total() == 1
+
+
+class Publish(CommitCrash):
+    """An operator's process dies publishing a shorter retention period."""
+
+    def steps(self, world: World) -> Sequence[Call]:
+        return [call("publish_retention", seconds=60.0)]
+
+    def left_nothing(self, world: World) -> None:
+        assert world.store.retention == DEFAULT_RETENTION
+
+    def left_everything(self, world: World) -> None:
+        assert world.store.retention == 60.0
+
+    def retry(self, world: World) -> None:
+        previous = world.store.publish_retention(60.0)
+        assert previous == (60.0 if self.committed else DEFAULT_RETENTION)
+        world.work()
+        world.dispatch()
+        world.clock.advance(61)
+        assert world.store.prune() == 1
 
     def converged(self, world: World) -> None:
         assert world.store.info()["tasks"] == {}
@@ -466,6 +492,7 @@ CRASHES: dict[str, Crash] = {
     **commits("reconcile", Reconcile),
     **commits("requeue", Requeue),
     **commits("prune", Prune),
+    **commits("publish", Publish),
     **commits("migrate", Migrate),
     # One delivery crosses three commits: the claim, the receiver's, the recording.
     "dispatch.claim.before_commit": Delivery(claimed=False, received=False, recorded=False),

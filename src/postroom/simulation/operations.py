@@ -765,7 +765,7 @@ def plan_prune(world: World) -> Action:
         pruned = world.store.prune()
         before, after = step.before, step.after()
         gone = before.tasks.keys() - after.tasks.keys()
-        cutoff = step.now - world.settings.retention
+        cutoff = step.now - world.store.retention
         eligible = {task_id for task_id in before.tasks if prunable(before, task_id, cutoff)}
         step.expect(pruned == len(gone), f"prune reported {pruned}, {len(gone)} disappeared")
         step.expect(gone == eligible, f"prune forgot {len(gone - eligible)} it should have "

@@ -107,7 +107,7 @@ class SharedStore:
     def checked(self, before: Snapshot) -> tuple[Snapshot, list[str]]:
         """Both databases now, audited and checked against ``before``."""
         after = self.snapshot()
-        step = Transition(forgets=False, retention=ROUND_SETTINGS.retention, acked=self.acked)
+        step = Transition(forgets=False, retention=self.store.retention, acked=self.acked)
         return after, (audit_problems(self.store.database, self.receiver.database)
                        + check_transition(before, after, step))
 

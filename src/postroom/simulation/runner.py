@@ -170,7 +170,7 @@ def _attempt(step: Step, operation: Operation, action: Action, crash: _CrashAt |
 def _observe(world: World, before: Snapshot, after: Snapshot, operation: Operation,
              checks: list[Check]) -> list[str]:
     """Check the step; on success the world moves on from ``after``."""
-    transition = Transition(forgets=operation.forgets, retention=world.settings.retention,
+    transition = Transition(forgets=operation.forgets, retention=world.store.retention,
                             acked=world.acked)
     problems = audit_problems(world.store.database, world.receiver.database)
     problems += check_transition(before, after, transition, checks)

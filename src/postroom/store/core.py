@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from postroom import inbox, outbox, tasks, waits
@@ -48,7 +49,7 @@ from postroom.models import (
     Wait,
     WaitOpening,
 )
-from postroom.settings import Settings
+from postroom.settings import DEFAULT_RETENTION, Settings, check_retention
 from postroom.store.database import Database, Operation, Tx
 from postroom.store.wakeups import REPLIES_CHANNEL, Waiter
 from postroom.transitions import reply_id_for
@@ -64,6 +65,7 @@ from postroom.validation import (
 __all__ = ["Store", "open_store"]
 
 PRUNE = Operation("prune")
+PUBLISH = Operation("publish", timed=False)
 
 _MAX_LEASE = 86_400.0
 _MAX_BATCH = 10_000
@@ -78,9 +80,32 @@ class Store:
 
     def __init__(self, database: Database, *, settings: Settings | None = None,
                  seed: int | None = None) -> None:
+        """Use ``database`` (its schema migrated) as a store.
+
+        Adopts the retention period the store publishes, publishing the one in ``settings``
+        (or the default) if it has none yet; ``InvalidInput`` naming ``retention`` if
+        ``settings`` asks for another one than the store publishes.
+        """
         self._db = database
-        self._settings = settings if settings is not None else Settings()
+        settings = settings if settings is not None else Settings()
+        self._settings = replace(settings, retention=self._adopt_retention(settings.retention))
         self._rng = random.Random(seed)
+
+    def _adopt_retention(self, wanted: float | None) -> float:
+        def publish(tx: Tx) -> float | None:
+            tx.run("published_first", setting="retention",
+                   value=DEFAULT_RETENTION if wanted is None else wanted)
+            return _published_retention(tx)
+
+        published = self._db.run(PUBLISH, publish)
+        if published is None:  # pragma: no cover - the statement above just published it
+            raise SchemaError("the store publishes no retention period")
+        if wanted is not None and published != wanted:
+            raise InvalidInput("retention", (
+                f"this store publishes {published:g} seconds, not {wanted:g}: leave "
+                "Settings.retention unset to use the store's, or change the store's with "
+                "postroom init URL --retention SECONDS"))
+        return published
 
     @classmethod
     def open(cls, url: str, *, clock: Clock | None = None, settings: Settings | None = None,
@@ -445,7 +470,8 @@ class Store:
                 return pruned
 
     def _prune_once(self, tx: Tx) -> int:
-        cutoff = tx.now - self._settings.retention
+        published = _published_retention(tx)
+        cutoff = tx.now - (published if published is not None else self.retention)
         rows = tx.all("tasks_prunable", cutoff=cutoff, limit=self._settings.sweep_limit)
         if rows:
             # A claim on a pruned task (reply) may still be held: keep its fence from coming
@@ -467,9 +493,38 @@ class Store:
         depends on with a warning for each weak one, for ``postroom info``."""
         return describe(self._db, self._settings, settings_from="this Store's Settings")
 
+    def publish_retention(self, seconds: float) -> float | None:
+        """Publish ``seconds`` as the store's retention period; return the one it replaces.
+
+        The period is the store's promise to every sender, so this is an operator's decision
+        (``postroom init URL --retention SECONDS``): pruning in every process follows it from
+        its next transaction. A shorter period lets identities received under the longer one
+        be forgotten sooner.
+        """
+        value = check_retention(seconds)
+
+        def publish(tx: Tx) -> float | None:
+            previous = _published_retention(tx)
+            if previous is None:
+                tx.run("published_first", setting="retention", value=value)
+            else:
+                tx.run("published_change", setting="retention", value=value)
+            return previous
+
+        previous = self._db.run(PUBLISH, publish)
+        self._settings = replace(self._settings, retention=value)
+        return previous
+
+    @property
+    def retention(self) -> float:
+        """The store's published retention period in seconds, as this Store last saw it
+        (when it opened, or published one); ``prune`` reads the current one."""
+        assert self._settings.retention is not None  # resolved in __init__
+        return self._settings.retention
+
     @property
     def settings(self) -> Settings:
-        """This store's settings."""
+        """This store's settings; ``retention`` is the store's published period."""
         return self._settings
 
     @property
@@ -523,12 +578,14 @@ class Store:
 def describe(database: Database, settings: Settings, *, settings_from: str) -> dict[str, Any]:
     """What ``Store.info`` reports, read in one read-only transaction of ``database``.
 
-    ``settings_from`` says whose the settings shown are: they live in the processes that open
-    the store, not in the database.
+    ``retention_seconds`` is the period the store publishes (``None`` until its first opener
+    publishes one). ``settings_from`` says whose the other settings shown are: they live in
+    the processes that open the store, not in the database.
     """
     def read(tx: Tx) -> dict[str, Any]:
         durability, warnings = database.dialect.durability(tx.conn)
-        return {"tasks": {row["state"]: int(row["n"]) for row in tx.all("task_counts")},
+        return {"retention": _published_retention(tx),
+                "tasks": {row["state"]: int(row["n"]) for row in tx.all("task_counts")},
                 "replies": {row["state"]: int(row["n"]) for row in tx.all("reply_counts")},
                 "waits": {row["state"]: int(row["n"]) for row in tx.all("wait_counts")},
                 "unconsumed": tx.one("continuations_unconsumed_count"),
@@ -536,11 +593,14 @@ def describe(database: Database, settings: Settings, *, settings_from: str) -> d
 
     found = database.read_run(read)
     clock, unconsumed = found["clock"], found["unconsumed"]
+    if found["retention"] is None:
+        found["warnings"].append("no retention period is published yet: the store's next "
+                                 "opener publishes one")
     return {
         "dialect": database.dialect.name,
         "schema_version": database.schema_version("store"),
         "settings_from": settings_from,
-        "retention_seconds": settings.retention,
+        "retention_seconds": found["retention"],
         "lease_seconds": settings.lease,
         "dispatch_lease_seconds": settings.dispatch_lease,
         "max_hops": settings.max_hops,
@@ -573,10 +633,16 @@ def inspect_store(url: str, *, settings: Settings | None = None) -> dict[str, An
             raise SchemaError(f"the store's schema is {problem}")
         if settings is None:
             return describe(database, Settings(), settings_from=(
-                "postroom's defaults: an application's own Settings are not in the database"))
+                "postroom's defaults, but retention_seconds: an application's own Settings "
+                "are not in the database, the published retention period is"))
         return describe(database, settings, settings_from="the Settings given")
     finally:
         database.close()
+
+
+def _published_retention(tx: Tx) -> float | None:
+    row = tx.one("published_read", setting="retention")
+    return float(row["value"]) if row is not None else None
 
 
 def open_store(url: str, *, clock: Clock | None = None, settings: Settings | None = None,

@@ -41,12 +41,18 @@ class NotAllApplied(Exception):
 
 
 class Operation:
-    """A named kind of write transaction, with its two commit fault points."""
+    """A named kind of write transaction, with its two commit fault points.
 
-    __slots__ = ("after", "before", "name")
+    ``timed=False`` names a transaction that decides nothing by time (publishing a store
+    setting, say): it neither reads the clock nor moves the high-water, and its ``tx.now``
+    stays 0, so it works whatever the clock reads.
+    """
 
-    def __init__(self, name: str) -> None:
+    __slots__ = ("after", "before", "name", "timed")
+
+    def __init__(self, name: str, *, timed: bool = True) -> None:
         self.name = name
+        self.timed = timed
         before, after = faults.commit_points(name)
         self.before = before.name
         self.after = after.name
@@ -178,8 +184,9 @@ class Database:
         refused: Fenced | None = None
         with self._open(write=True) as conn:
             tx = Tx(conn, dialect, op)
-            tx.now = (dialect.decision_time(tx, self.clock) if self._track_time
-                      else finite_time(dialect.current_time(tx, self.clock)))
+            if op.timed:
+                tx.now = (dialect.decision_time(tx, self.clock) if self._track_time
+                          else finite_time(dialect.current_time(tx, self.clock)))
             try:
                 yield tx
             except Fenced as exc:

@@ -183,6 +183,19 @@ WHERE inbox.received_at < :cutoff
 ORDER BY inbox.received_at
 LIMIT :limit
 
+-- name: published_read
+-- A setting the store publishes (the retention period).
+SELECT value FROM postroom_published WHERE name = :setting
+
+-- name: published_first
+-- Publish a setting unless the store already does: the first opener's value stands.
+INSERT INTO postroom_published (name, value) VALUES (:setting, :value)
+ON CONFLICT (name) DO NOTHING
+
+-- name: published_change
+-- An operator's change of a published setting.
+UPDATE postroom_published SET value = :value WHERE name = :setting AND value <> :value
+
 -- name: fence_floor_raise
 -- Before pruning tasks (replies): no new one may start at or below a fence they reached.
 UPDATE postroom_fence_floors SET floor = :floor WHERE kind = :kind AND floor < :floor

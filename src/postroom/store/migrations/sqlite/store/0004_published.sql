@@ -1,0 +1,9 @@
+-- postroom store, version 4: what the store publishes to everyone who uses it. Senders rely on
+-- the retention period (SPEC §2: an identity sent again within it is a duplicate), so it is
+-- the store's, not one process's: the first Store.open publishes its Settings' retention (or
+-- the default), every process prunes by the published value, and `postroom init URL
+-- --retention SECONDS` changes it.
+CREATE TABLE postroom_published (
+    name   TEXT PRIMARY KEY CHECK (name IN ('retention')),
+    value  REAL NOT NULL CHECK (value >= 0)
+);
