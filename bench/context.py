@@ -61,16 +61,18 @@ class Sizes:
     pg_workers: tuple[int, ...]
     #: Tasks enqueued one at a time per round of the PostgreSQL latency scenario.
     latency_tasks: int
+    #: Pages each commit rewrites in the commit-cost loops, one figure per count.
+    commit_pages: tuple[int, ...]
     #: Messages per ``receive_atomic`` call when building a backlog (the store's maximum).
     build_batch: int = 10_000
 
 
 FULL = Sizes(raw_commits=1_000, rounds=7, backlogs=(1_000, 100_000, 1_000_000),
              claim_cycles=500, single_tasks=300, batch_size=500, batches=4, signals=500,
-             pg_workers=(1, 4, 16), latency_tasks=300)
+             pg_workers=(1, 4, 16), latency_tasks=300, commit_pages=(1, 2, 4, 6, 8, 12))
 QUICK = Sizes(raw_commits=100, rounds=2, backlogs=(100, 1_000, 3_000), claim_cycles=40,
               single_tasks=20, batch_size=50, batches=2, signals=30, pg_workers=(1, 4),
-              latency_tasks=50, build_batch=1_000)
+              latency_tasks=50, commit_pages=(1, 6), build_batch=1_000)
 
 
 class Target(Protocol):
@@ -91,9 +93,13 @@ class SQLiteTarget:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
 
+    def path(self, name: str) -> Path:
+        """``<folder>/<name>.db``."""
+        return self.folder / f"{name}.db"
+
     def url(self, name: str) -> str:
         """``sqlite:///<folder>/<name>.db``."""
-        return f"sqlite:///{self.folder / f'{name}.db'}"
+        return f"sqlite:///{self.path(name)}"
 
 
 class Baseline(Protocol):

@@ -110,6 +110,37 @@ def render(report: dict[str, Any]) -> str:
               f"{row['details']['ratio_if_python_were_free']:.3f}",
               f"{row['details']['ratio_if_only_commits_took_time']:.3f}",
               f"{row['details']['tasks_in_store_at_end']:,}"] for row in split])
+    costs = [row for row in report["measurements"] if row["id"].startswith("commit_cost.")]
+    if costs:
+        lines += _section(
+            "What a commit costs by the pages it writes",
+            "The raw loop's commit appends one page to the WAL. These loops make the same "
+            "durable commit but rewrite several one-page rows in it, so each commit writes "
+            "that many WAL frames; their ratio to the raw loop is what a commit of that size "
+            "costs on this disk.",
+            ["pages (WAL frames) per commit", "commits/s (median)", "ratio to raw (median)"],
+            [[str(row["details"]["pages_per_commit"]),
+              f"{_number(row['value'], row['unit'])}",
+              "" if row["ratio_to_raw"] is None else f"{row['ratio_to_raw']:.3f}"]
+             for row in costs])
+    framed = [row for row in report["measurements"] if "wal_frames_per_commit" in row["details"]]
+    if framed:
+        ceiling = "ratio_if_commits_cost_bare_commits_of_as_many_pages"
+        lines += _section(
+            "How many pages an end-to-end task's commits write",
+            "One more extra round per scenario counts the WAL frames its commits append (in "
+            "the store and the receiver). Priced by the commit-cost loop that writes as many "
+            "pages per commit, the commits alone allow the ratio in the last column (that "
+            "loop's ratio at these frames per commit, over the commits per task), before any "
+            "statement or Python runs; empty when the commit-cost scenario did not run or the "
+            "frames per commit lie outside the pages it measured.",
+            ["measurement", "commits per task", "WAL frames per task",
+             "WAL frames per commit", "ratio the commits alone allow"],
+            [[row["label"], f"{row['details']['commits_per_task']:g}",
+              f"{row['details']['wal_frames_per_task']:.1f}",
+              f"{row['details']['wal_frames_per_commit']:.1f}",
+              f"{row['details'][ceiling]:.3f}" if ceiling in row["details"] else ""]
+             for row in framed])
     plans = [row for row in report["measurements"] if "claim_plans" in row["details"]]
     if plans:
         largest = max(plans, key=lambda row: row["details"]["backlog"])

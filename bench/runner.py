@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -13,10 +14,11 @@ from typing import Any, Literal
 
 from bench import machine
 from bench.context import Context, Measurement, Sizes, SQLiteTarget, Target
-from bench.scenarios import claim_backlog, end_to_end, postgres, waits
+from bench.scenarios import claim_backlog, commit_cost, end_to_end, postgres, waits
 from bench.scenarios.raw_sqlite import RawCommitLoop
 
-__all__ = ["SCENARIOS", "Bar", "Scenario", "bars_for", "default_folder", "run_bench"]
+__all__ = ["SCENARIOS", "Bar", "Scenario", "add_page_ceilings", "bars_for", "default_folder",
+           "run_bench"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ SCENARIOS: dict[str, Scenario] = {
     "claim": Scenario(claim_backlog.run),
     "single": Scenario(end_to_end.run_single),
     "batched": Scenario(end_to_end.run_batched),
+    "commit-cost": Scenario(commit_cost.run),
     "signals": Scenario(waits.run),
     "pg-claim": Scenario(postgres.run_claim, "postgres"),
     "pg-e2e": Scenario(postgres.run_end_to_end, "postgres"),
@@ -166,10 +169,33 @@ def run_bench(*, sizes: Sizes, mode: str, folder: Path, only: Sequence[str] = ()
                                              baseline=raw, progress=progress)))
         raw.round()
         baseline = raw.measurement()
+    add_page_ceilings(rows)
     elapsed = time.perf_counter() - clock
     return _report(command=command, mode=mode, started=started, elapsed=elapsed,
                    machine_info=machine.summary(folder), postgres_info=server, sizes=sizes,
                    load=(load_before, machine.load_average()), rows=[baseline, *rows])
+
+
+def add_page_ceilings(rows: Sequence[Measurement]) -> None:
+    """Give each end-to-end figure the ratio its commits alone allow, priced by the bare
+    commit loop that writes as many pages per commit (``commit-cost``).
+
+    ``ratio_if_commits_cost_bare_commits_of_as_many_pages`` is that loop's ratio at the
+    figure's WAL frames per commit (interpolated between the page counts measured) over its
+    commits per task; absent when those frames lie outside the measured page counts.
+    """
+    curve = sorted((row.details["pages_per_commit"], row.ratio) for row in rows
+                   if row.id.startswith("commit_cost.") and row.ratio is not None)
+    for row in rows:
+        frames = row.details.get("wal_frames_per_commit")
+        if frames is None:
+            continue
+        for (low, low_ratio), (high, high_ratio) in itertools.pairwise(curve):
+            if low <= frames <= high:
+                ratio = low_ratio + (high_ratio - low_ratio) * (frames - low) / (high - low)
+                row.details["ratio_if_commits_cost_bare_commits_of_as_many_pages"] = round(
+                    ratio / row.details["commits_per_task"], 4)
+                break
 
 
 def _reach_postgres(url: str, names: list[str]) -> dict[str, Any]:

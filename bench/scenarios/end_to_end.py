@@ -10,8 +10,9 @@ costs the commits a real deployment pays:
 
 Both keep ``synchronous=FULL`` and the time high-water in every write transaction. After the
 timed rounds, one more round measures how much of the time is spent inside the database
-driver (and counts the commits); then the run is checked: one receiver effect per task and a
-clean ``postroom audit`` of both databases, or no figure.
+driver (and counts the commits), and another counts the WAL frames (pages) the commits
+write; then the run is checked: one receiver effect per task and a clean ``postroom audit``
+of both databases, or no figure.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from contextlib import ExitStack, contextmanager
 import postroom
 from bench.context import BenchError, Context, Measurement, Rounds, median, require_clean_audit
 from bench.driver_time import DriverTime
+from bench.wal_frames import WalFrames
 
 __all__ = ["run_batched", "run_single"]
 
@@ -59,11 +61,13 @@ def _pipeline(ctx: Context, name: str) -> Iterator[tuple[postroom.Store, postroo
 
 def _measure(ctx: Context, store: postroom.Store, receiver: postroom.Receiver,
              work: Callable[[], int]) -> tuple[Rounds, dict[str, float]]:
-    """A warm-up round, the timed rounds, then one round split by ``DriverTime``.
+    """A warm-up round, the timed rounds, one round split by ``DriverTime``, and one whose
+    WAL frames are counted.
 
     The split gives two ceilings: the ratio if postroom's Python took no time, and the ratio
     if only the commits (and the fsyncs they wait for) did, which no statement or Python
-    change can pass without fewer or cheaper commits.
+    change can pass without fewer or cheaper commits. The frames say how many pages a commit
+    writes, which is what makes it dearer than the raw loop's (see ``commit_cost``).
     """
     work()
     rounds = ctx.timed_rounds(work)
@@ -71,10 +75,15 @@ def _measure(ctx: Context, store: postroom.Store, receiver: postroom.Receiver,
         start = time.perf_counter()
         tasks = work()
         wall = time.perf_counter() - start
+    with WalFrames([store.database, receiver.database]) as wal:
+        counted = work()
     share = inside.seconds / wall
     commit_share = inside.committing / wall
     ratio = median(rounds.ratios)
     return rounds, {"commits_per_task": round(inside.commits / tasks, 4),
+                    "wal_frames_per_task": round(wal.frames / counted, 2),
+                    "wal_frames_per_commit": round(wal.frames / counted * tasks / inside.commits,
+                                                   2),
                     "database_share": round(share, 3),
                     "commit_share": round(commit_share, 3),
                     "ratio_if_python_were_free": round(ratio / share, 4),

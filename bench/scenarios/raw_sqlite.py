@@ -14,9 +14,17 @@ from pathlib import Path
 
 from bench.context import Measurement, Rounds
 
-__all__ = ["RawCommitLoop"]
+__all__ = ["RawCommitLoop", "durable_connection"]
 
 _ROW = "x" * 100  # about the size of a small task row's text
+
+
+def durable_connection(path: Path) -> sqlite3.Connection:
+    """A connection as durable as postroom's: WAL, ``synchronous=FULL``, explicit BEGINs."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = FULL")
+    return conn
 
 
 class RawCommitLoop:
@@ -25,9 +33,7 @@ class RawCommitLoop:
     def __init__(self, path: Path, *, commits: int) -> None:
         self.commits = commits
         self.rates: list[float] = []
-        self._conn = sqlite3.connect(path, isolation_level=None)
-        self._conn.execute("PRAGMA journal_mode = WAL")
-        self._conn.execute("PRAGMA synchronous = FULL")
+        self._conn = durable_connection(path)
         self._conn.execute("CREATE TABLE IF NOT EXISTS rows (id INTEGER PRIMARY KEY, body TEXT)")
 
     def round(self) -> float:

@@ -29,7 +29,8 @@ from tests.conftest import require_postgres
 pytestmark = pytest.mark.slow
 
 SQLITE_ROWS = {"raw_sqlite", "claim_finish.backlog_100", "claim_finish.backlog_1000",
-               "claim_finish.backlog_3000", "e2e.single", "e2e.batched", "signals.accepted"}
+               "claim_finish.backlog_3000", "e2e.single", "e2e.batched", "signals.accepted",
+               "commit_cost.pages_1", "commit_cost.pages_6"}
 POSTGRES_THROUGHPUT_ROWS = {f"pg.{key}.{kind}.workers_{workers}" for key in ("claim_finish", "e2e")
                             for kind in ("single", "batched") for workers in (1, 4)}
 
@@ -134,6 +135,23 @@ def test_quick_run_gives_the_ceiling_the_commits_alone_put_on_end_to_end(quick_r
             assert 0 < details["commit_share"] < details["database_share"]
             assert details["ratio_if_only_commits_took_time"] == pytest.approx(
                 row["ratio_to_raw"] / details["commit_share"], rel=0.01)
+
+
+def test_quick_run_counts_the_wal_frames_an_end_to_end_task_writes(quick_report):
+    rows = {row["id"]: row for row in quick_report["measurements"]}
+    single = rows["e2e.single"]["details"]
+    # a receive alone writes a task row, its key and two index entries, and the time
+    assert single["wal_frames_per_commit"] >= 2
+    assert single["wal_frames_per_task"] == pytest.approx(
+        single["wal_frames_per_commit"] * single["commits_per_task"], rel=0.01)
+    batched = rows["e2e.batched"]["details"]
+    assert batched["wal_frames_per_commit"] > single["wal_frames_per_commit"]
+
+
+def test_quick_run_prices_commits_by_the_pages_they_write(quick_report):
+    text = render(quick_report)
+    assert "What a commit costs by the pages it writes" in text
+    assert "How many pages an end-to-end task's commits write" in text
 
 
 def test_quick_run_answers_every_wait_it_opens_with_one_accepted_signal(quick_report):
