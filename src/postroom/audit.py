@@ -13,12 +13,16 @@ from dataclasses import dataclass
 
 from postroom.errors import PostroomError
 from postroom.models import TaskState
+from postroom.settings import DELIVERY_BUDGETS
 from postroom.store import Database, dialect_for_url, redacted_url
 from postroom.store.dialect import Row
 from postroom.transitions import reply_content, reply_id_for
 from postroom.validation import canonical_json, fingerprint, task_id_for
 
 __all__ = ["Violation", "audit_database", "audit_url"]
+
+#: What the audit's queries are told of the rules they check.
+_AUDIT_PARAMETERS = {"min_budget": DELIVERY_BUDGETS[0], "max_budget": DELIVERY_BUDGETS[-1]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +82,7 @@ def audit_database(database: Database) -> list[Violation]:
                     continue
                 check = name[len(prefix):]
                 violations.extend(Violation(check, str(row["identity"]), str(row["detail"]))
-                                  for row in tx.all(name))
+                                  for row in tx.all(name, **_AUDIT_PARAMETERS))
         if "store" in components:
             violations.extend(_store_contents(tx.all("audit_store_contents")))
         if "receiver" in components:

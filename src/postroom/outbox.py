@@ -106,13 +106,12 @@ def _fenced(tx: Tx, claim: ReplyClaim) -> Fenced:
     row = tx.one("reply_get_by_id", reply_id=claim.reply_id)
     if row is not None and row["state"] == ReplyState.SENDING and row["owner"] == claim.owner \
             and int(row["fence"]) == claim.fence:
-        stored = {"task_id": row["task_id"], "attempt": int(row["attempts"]),
+        issued = {"task_id": row["task_id"], "attempt": int(row["attempts"]),
                   "budget": int(row["budget"]), "body": row["body"],
                   "fingerprint": row["fingerprint"]}
-        altered = ", ".join(name for name, value in stored.items()
-                            if getattr(claim, name) != value)
-        return Fenced(f"reply {claim.reply_id}", f"the claim's {altered} differ from the "
-                                                 "reply's: it was not issued as it is")
+        altered = transitions.altered_claim(claim, issued, "reply")
+        if altered is not None:
+            return Fenced(f"reply {claim.reply_id}", altered)
     state = row["state"] if row is not None else "missing"
     holder = f"{row['owner']!r} with fence {row['fence']}" if row is not None else "nobody"
     return Fenced(f"reply {claim.reply_id}", f"the reply is {state}, held by {holder}; this "

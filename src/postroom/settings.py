@@ -10,14 +10,16 @@ from typing import Protocol
 from postroom.errors import InvalidInput
 from postroom.validation import DEFAULT_LIMITS, Limits, check_text
 
-__all__ = ["DEFAULT_RETENTION", "MAX_RETENTION", "Backoff", "ExponentialBackoff", "FixedBackoff",
-           "Settings", "check_retention"]
+__all__ = ["DEFAULT_RETENTION", "DELIVERY_BUDGETS", "MAX_RETENTION", "Backoff",
+           "ExponentialBackoff", "FixedBackoff", "Settings", "check_retention"]
 
 _DAY = 86_400.0
 #: The retention period a new store publishes unless its first opener gives one: 7 days.
 DEFAULT_RETENTION = 7 * _DAY
 #: The longest retention period a store may publish: 3,650 days.
 MAX_RETENTION = 3650 * _DAY
+#: The delivery budgets a store may be given (``postroom audit`` holds stored replies to it).
+DELIVERY_BUDGETS = range(1, 101)
 
 
 class Backoff(Protocol):
@@ -111,8 +113,10 @@ class Settings:
             if not callable(getattr(getattr(self, name), "delay", None)):
                 raise InvalidInput(name, "must be a Backoff: an object with "
                                          "delay(attempt, rng) -> seconds")
+        budgets = DELIVERY_BUDGETS
         for name, value, low, high in (("max_hops", self.max_hops, 1, 1024),
-                                       ("delivery_budget", self.delivery_budget, 1, 100),
+                                       ("delivery_budget", self.delivery_budget, budgets[0],
+                                        budgets[-1]),
                                        ("sweep_limit", self.sweep_limit, 1, 100_000)):
             if type(value) is not int or not low <= value <= high:
                 raise InvalidInput(name, f"must be an int in {low}..{high}, got {value!r}")

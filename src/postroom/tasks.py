@@ -110,8 +110,8 @@ def fenced(tx: Tx, claim: Claim) -> Fenced:
     elif row["owner"] != claim.owner or int(row["fence"]) != claim.fence:
         reason = (f"claimed by {row['owner']!r} with fence {row['fence']}; this claim is "
                   f"{claim.owner!r} with fence {claim.fence}")
-    elif altered := _altered(row, claim):
-        reason = f"the claim's {altered} differ from the task's: it was not issued as it is"
+    elif altered := transitions.altered_claim(claim, _issued(row), "task"):
+        reason = altered
     else:
         decided_at = tx.now
         reason = (f"the lease expired at {row['lease_until']} (now {tx.now})"
@@ -120,12 +120,11 @@ def fenced(tx: Tx, claim: Claim) -> Fenced:
     return Fenced(f"task {claim.task_id}", reason, decided_at=decided_at)
 
 
-def _altered(row: Mapping[str, Any], claim: Claim) -> str:
-    """The fields a claim carries from its task that no longer match the task's row."""
-    stored = {"attempt": int(row["attempts"]), "max_attempts": int(row["max_attempts"]),
-              "hops": int(row["hops"]), "deadline": float(row["deadline"]),
-              "principal": row["principal"], "queue": row["queue"]}
-    return ", ".join(name for name, value in stored.items() if getattr(claim, name) != value)
+def _issued(row: Mapping[str, Any]) -> dict[str, object]:
+    """What a claim on the task in ``row`` carries from it, by the claim's field names."""
+    return {"attempt": int(row["attempts"]), "max_attempts": int(row["max_attempts"]),
+            "hops": int(row["hops"]), "deadline": float(row["deadline"]),
+            "principal": row["principal"], "queue": row["queue"]}
 
 
 def sweep(tx: Tx, settings: Settings, counts: SweepCounts) -> None:

@@ -8,6 +8,7 @@ was decided on.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from postroom.models import (
@@ -31,6 +32,7 @@ __all__ = [
     "SignalDecision",
     "TaskDecision",
     "WaitEnd",
+    "altered_claim",
     "cancel",
     "deadline_passed",
     "delivery",
@@ -78,6 +80,15 @@ class ReplyDecision:
     available_at: float
     last_error: str | None = None
     sent_at: float | None = None
+
+
+def altered_claim(claim: object, issued: Mapping[str, object], record: str) -> str | None:
+    """Why a claim was not issued as it is: the fields it carries whose values differ from
+    ``issued`` (its ``record``'s, by field name), or ``None`` when none does."""
+    altered = ", ".join(name for name, value in issued.items() if getattr(claim, name) != value)
+    if not altered:
+        return None
+    return f"the claim's {altered} differ from the {record}'s: it was not issued as it is"
 
 
 def reply_id_for(task_id: str) -> str:

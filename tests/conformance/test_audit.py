@@ -60,7 +60,8 @@ def test_a_healthy_store_and_receiver_are_clean(busy_store, receiver):
     ("UPDATE inbox SET message_id = 'forged' WHERE task_id IN "
      "(SELECT task_id FROM tasks WHERE state = 'pending')", "task_identity"),
     ("UPDATE postroom_clock SET high_water = 0", "decided_after_high_water"),
-    ("UPDATE replies SET budget = 1000 WHERE state = 'pending'", "budget_out_of_range"),
+    ("UPDATE replies SET budget = 101 WHERE state = 'pending'", "budget_out_of_range"),
+    ("UPDATE replies SET budget = 0 WHERE state = 'pending'", "budget_out_of_range"),
     ("UPDATE replies SET attempts = 0 WHERE state = 'sent'", "budget_out_of_range"),
     ("UPDATE tasks SET last_error = 'rewritten' WHERE state = 'failed'", "reply_content"),
 ])

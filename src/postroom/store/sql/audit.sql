@@ -53,11 +53,12 @@ FROM replies
 WHERE attempts < 0 OR attempts > budget
 
 -- name: audit_store_budget_out_of_range
--- A delivery budget is one of the allowed settings (1..100), and a sent reply was attempted.
+-- A delivery budget is one of the allowed settings (Settings.delivery_budget's range), and a
+-- sent reply was attempted.
 SELECT reply_id AS identity, 'budget ' || budget || ', ' || state || ' after ' || attempts
        || ' attempts' AS detail
 FROM replies
-WHERE budget < 1 OR budget > 100 OR (state = 'sent' AND attempts < 1)
+WHERE budget < :min_budget OR budget > :max_budget OR (state = 'sent' AND attempts < 1)
 
 -- name: audit_store_sending_without_owner_or_lease
 -- A sending reply has an owner and a lease; any other reply has neither.
