@@ -113,6 +113,22 @@ def terminate_sessions(url: str, admin_url: str = ADMIN_URL, *, wait: bool = Tru
     return sum(1 for (ended,) in rows if ended)
 
 
+def settled_sessions(url: str, admin_url: str = ADMIN_URL, *, within: float = 5.0) -> int:
+    """How many server sessions are connected to the database of ``url``, waiting up to
+    ``within`` seconds for sessions whose client has closed them to end (a server process
+    leaves ``pg_stat_activity`` shortly after its client hangs up)."""
+    name = urlsplit(url).path.lstrip("/")
+    deadline = time.monotonic() + within
+    with psycopg.connect(admin_url, autocommit=True, connect_timeout=10) as conn:
+        while True:
+            row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s",
+                               [name]).fetchone()
+            count = int(row[0]) if row is not None else 0
+            if count == 0 or time.monotonic() > deadline:
+                return count
+            time.sleep(0.05)
+
+
 def _bindir() -> Path:
     found = shutil.which("pg_config")
     if found:

@@ -15,6 +15,7 @@ import click
 from bench.runner import SCENARIOS
 from bench.scenarios.postgres import DEFAULT_URL as DEFAULT_PG_URL
 from postroom.audit import audit_url
+from postroom.errors import InvalidInput
 
 __all__ = ["main"]
 
@@ -97,18 +98,32 @@ def demo(story: str) -> None:
 def init(url: str, retention: float | None) -> None:
     """Create or upgrade the store schema at URL, and show the retention period it publishes.
 
-    With --retention, publish a new period. Every process prunes by the published period;
-    one whose Settings name another period is refused when it opens the store.
+    With --retention, publish a new period (a new store publishes it first-hand). Every
+    process prunes by the published period; one whose Settings name another period is refused
+    when it opens the store. After a shortening, what the store received until then keeps
+    the longer period ("earlier_retention_honoured").
     """
+    from postroom.settings import Settings, check_retention
     from postroom.store import redacted_url
     from postroom.store.core import open_store
 
-    with open_store(url) as store:
+    wanted = None if retention is None else check_retention(retention)
+    previous: float | None = None
+    try:
+        store = open_store(url, settings=Settings(retention=wanted))
+    except InvalidInput as exc:
+        if exc.field != "retention" or wanted is None:
+            raise
+        store = open_store(url)  # the store publishes another period: change it
+        previous = store.publish_retention(wanted)
+    with store:
+        found = store.info()
         shown: dict[str, object] = {"url": redacted_url(url),
-                                    "schema_version": store.info()["schema_version"]}
-        if retention is not None:
-            shown["previous_retention_seconds"] = store.publish_retention(retention)
-        shown["retention_seconds"] = store.retention
+                                    "schema_version": found["schema_version"]}
+        if previous is not None:
+            shown["previous_retention_seconds"] = previous
+        shown["retention_seconds"] = found["retention_seconds"]
+        shown["earlier_retention_honoured"] = found["earlier_retention_honoured"]
         click.echo(json.dumps(shown))
 
 

@@ -29,11 +29,13 @@ __all__ = [
     "ExpireDecision",
     "ReplyContent",
     "ReplyDecision",
+    "Retention",
     "SignalDecision",
     "TaskDecision",
     "WaitEnd",
     "altered_claim",
     "cancel",
+    "change_retention",
     "deadline_passed",
     "delivery",
     "expire_wait",
@@ -80,6 +82,47 @@ class ReplyDecision:
     available_at: float
     last_error: str | None = None
     sent_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """The retention period a store publishes (``value``), and after a shortening the longer
+    period it still honours (``floor_value``) until ``floor_until``, for what it received
+    under that promise."""
+
+    value: float
+    floor_value: float | None = None
+    floor_until: float | None = None
+
+    def at(self, now: float) -> float:
+        """The period pruning keeps identities for at ``now``."""
+        if self.floor_value is not None and self.floor_until is not None \
+                and now < self.floor_until:
+            return max(self.value, self.floor_value)
+        return self.value
+
+
+def change_retention(current: Retention | None, value: float, now: float) -> Retention:
+    """Publish ``value`` at ``now`` without breaking a promise already made.
+
+    An identity received at ``r`` was promised the period then in force, so it is kept until
+    ``r + period``. A shorter ``value`` therefore keeps the current period as a floor until
+    ``now + current period``; a floor still running is merged into it (the longer period,
+    the later end), which keeps some identities longer than promised, never shorter. A
+    floor that ``value`` reaches adds nothing and is dropped.
+    """
+    if current is None:
+        return Retention(value)
+    running = (current.floor_value is not None and current.floor_until is not None
+               and now < current.floor_until)
+    floor_value = current.floor_value if running else None
+    floor_until = current.floor_until if running else None
+    if value < current.value:
+        floor_value = max(current.value, floor_value or 0.0)
+        floor_until = max(now + current.value, floor_until or now)
+    if floor_value is None or floor_value <= value:
+        return Retention(value)
+    return Retention(value, floor_value, floor_until)
 
 
 def altered_claim(claim: object, issued: Mapping[str, object], record: str) -> str | None:

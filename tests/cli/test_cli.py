@@ -65,21 +65,34 @@ def test_info_shows_the_retention_period(db_url):
     assert result.returncode == 0 and '"retention_seconds": 604800.0' in result.stdout
 
 
-def test_init_publishes_a_retention_period_every_opener_then_adopts(db_url):
-    postroom.open_store(db_url).close()
+def test_init_publishes_a_new_stores_retention_first_hand(db_url):
     result = run("init", db_url, "--retention", "3600")
     assert result.returncode == 0, result.stderr
     shown = json.loads(result.stdout)
-    assert (shown["previous_retention_seconds"], shown["retention_seconds"]) == (604800.0, 3600.0)
-    assert json.loads(run("info", db_url).stdout)["retention_seconds"] == 3600.0
+    assert shown["retention_seconds"] == 3600.0 and "previous_retention_seconds" not in shown
     with postroom.open_store(db_url) as store:
         assert store.retention == 3600.0
 
 
-def test_init_refuses_a_bad_retention_naming_it(db_url):
-    result = run("init", db_url, "--retention", "nan")
+def test_init_changes_a_stores_retention_and_every_opener_then_adopts_it(db_url):
+    postroom.open_store(db_url).close()
+    result = run("init", db_url, "--retention", "86400")
+    assert result.returncode == 0, result.stderr
+    shown = json.loads(result.stdout)
+    assert (shown["previous_retention_seconds"], shown["retention_seconds"]) == (604800.0,
+                                                                                 86400.0)
+    assert shown["earlier_retention_honoured"]["seconds"] == 604800.0  # it was shortened
+    assert json.loads(run("info", db_url).stdout)["retention_seconds"] == 86400.0
+    with postroom.open_store(db_url) as store:
+        assert store.retention == 86400.0
+
+
+def test_init_refuses_a_bad_retention_before_touching_the_database(tmp_path):
+    path = tmp_path / "new.db"
+    result = run("init", f"sqlite:///{path}", "--retention", "nan")
     assert result.returncode == 2 and "retention" in result.stderr
     assert "Traceback" not in result.stderr
+    assert not path.exists()
 
 
 def test_info_on_a_missing_file_creates_nothing(tmp_path):

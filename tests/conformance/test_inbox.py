@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
 
 import pytest
 
 import postroom
 from postroom.validation import canonical_json, task_id_for
+from tests import pg
 from tests.support import START, envelope
+
+
+def open_connections(url: str) -> int:
+    """Connections open to the database at ``url``: this process's open files of it on
+    SQLite, the server's sessions on it (once the ones closing have ended) on PostgreSQL."""
+    if url.startswith("sqlite:"):
+        path = os.path.realpath(url.removeprefix("sqlite:///"))
+        return sum(os.path.realpath(f"/proc/self/fd/{fd}") == path
+                   for fd in os.listdir("/proc/self/fd"))
+    return pg.settled_sessions(url)
 
 
 def count_tasks(store: postroom.Store) -> int:
@@ -373,17 +385,61 @@ def test_an_opener_asking_for_another_retention_is_refused(db_url):
         assert store.retention == 60.0
 
 
+def answered(store: postroom.Store, receiver: postroom.Receiver, message_id: str) -> str:
+    """Receive ``message_id``, finish its task and deliver its reply; its task id."""
+    task_id = store.receive(postroom.AuthContext(principal="planner"),
+                            envelope(message_id, deadline=START + 30 * 86_400)).task_id
+    store.finish(store.claim("w"), None)
+    store.dispatch(postroom.InProcessTransport(receiver))
+    return task_id
+
+
 def test_pruning_follows_a_retention_another_process_published(db_url, clock, make_url):
-    with postroom.open_store(db_url, clock=clock) as store, \
+    with postroom.open_store(db_url, clock=clock,
+                             settings=postroom.Settings(retention=60.0)) as store, \
             postroom.open_store(db_url, clock=clock) as operator, \
             postroom.Receiver.open(make_url("receiver")) as receiver:
-        store.receive(postroom.AuthContext(principal="planner"), envelope())
-        store.finish(store.claim("w"), None)
-        store.dispatch(postroom.InProcessTransport(receiver))
+        answered(store, receiver, "m-1")
+        assert operator.publish_retention(3600.0) == 60.0
         clock.advance(61)
-        assert store.prune() == 0  # a week has not passed
-        assert operator.publish_retention(60.0) == 7 * 86_400
+        assert store.prune() == 0  # the store's period is an hour now
+        clock.advance(3600)
         assert store.prune() == 1
+
+
+def test_a_shorter_retention_keeps_what_was_received_under_the_longer_one(db_url, clock,
+                                                                           make_url):
+    week = 7 * 86_400
+    with postroom.open_store(db_url, clock=clock) as store, \
+            postroom.Receiver.open(make_url("receiver")) as receiver:
+        promised = answered(store, receiver, "promised-a-week")
+        clock.advance(10)
+        assert store.publish_retention(60.0) == week
+        assert store.info()["earlier_retention_honoured"] == {"seconds": week,
+                                                               "until": START + 10 + week}
+        clock.advance(120)
+        assert store.prune() == 0
+        resent = store.receive(postroom.AuthContext(principal="planner"),
+                               envelope("promised-a-week", deadline=START + 30 * 86_400))
+        assert resent == postroom.Ack(task_id=promised, duplicate=True)
+        clock.set(START + 10 + week)
+        assert store.prune() == 1
+        assert store.info()["earlier_retention_honoured"] is None
+
+
+def test_a_refused_open_releases_its_connections(backend, tmp_path):
+    # On PostgreSQL a database of its own, so that its sessions are this test's alone.
+    url = (f"sqlite:///{tmp_path / 'refused.db'}" if backend == "sqlite"
+           else pg.create_database("refused"))
+    try:
+        postroom.open_store(url, settings=postroom.Settings(retention=60.0)).close()
+        for _ in range(3):
+            with pytest.raises(postroom.InvalidInput):
+                postroom.open_store(url, settings=postroom.Settings(retention=3600.0))
+        assert open_connections(url) == 0
+    finally:
+        if backend == "postgres":
+            pg.drop_database(url)
 
 
 @pytest.mark.parametrize("seconds", [-1.0, math.nan, math.inf, 3651 * 86_400.0, "60"])

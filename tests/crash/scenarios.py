@@ -27,6 +27,8 @@ import postroom
 from postroom import Fenced, NotFound, Outcome, ReplyState, TaskState
 from postroom.audit import audit_url
 from postroom.settings import DEFAULT_RETENTION
+from postroom.store import Database, dialect_for_url
+from postroom.store.core import inspect_store
 from postroom.transitions import reply_id_for
 from tests.crash.world import AUTH, RESULT, Refusing, World, task_id
 from tests.support import SETTINGS, START, envelope, latest_schema
@@ -431,7 +433,7 @@ class Prune(CommitCrash):
         assert world.effects() == 1 and world.receiver.effects_total() == 1
 
 
-class Publish(CommitCrash):
+class ShortenRetention(CommitCrash):
     """An operator's process dies publishing a shorter retention period."""
 
     def steps(self, world: World) -> Sequence[Call]:
@@ -439,21 +441,47 @@ class Publish(CommitCrash):
 
     def left_nothing(self, world: World) -> None:
         assert world.store.retention == DEFAULT_RETENTION
+        assert world.store.info()["earlier_retention_honoured"] is None
 
     def left_everything(self, world: World) -> None:
         assert world.store.retention == 60.0
+        # m-1 came under a week's promise, and keeps it
+        assert world.store.info()["earlier_retention_honoured"] == {
+            "seconds": DEFAULT_RETENTION, "until": START + DEFAULT_RETENTION}
 
     def retry(self, world: World) -> None:
         previous = world.store.publish_retention(60.0)
         assert previous == (60.0 if self.committed else DEFAULT_RETENTION)
         world.work()
         world.dispatch()
-        world.clock.advance(61)
-        assert world.store.prune() == 1
 
-    def converged(self, world: World) -> None:
-        assert world.store.info()["tasks"] == {}
-        assert world.effects() == 1 and world.receiver.effects_total() == 1
+
+class FirstPublication(CommitCrash):
+    """The first process to open an upgraded store dies publishing its retention period."""
+
+    opens = False
+
+    def setup(self, world: World) -> None:
+        older = Database(dialect_for_url(world.store_url))
+        try:
+            older.migrate("store", target=3)  # before stores published anything
+        finally:
+            older.close()
+
+    def steps(self, world: World) -> Sequence[Call]:
+        return [call("open", store=world.store_url)]
+
+    def left_nothing(self, world: World) -> None:
+        assert inspect_store(world.store_url)["retention_seconds"] is None
+
+    def left_everything(self, world: World) -> None:
+        assert inspect_store(world.store_url)["retention_seconds"] == DEFAULT_RETENTION
+
+    def retry(self, world: World) -> None:
+        assert world.store.retention == DEFAULT_RETENTION
+        world.receive()
+        world.work()
+        world.dispatch()
 
 
 class Migrate(CommitCrash):
@@ -492,7 +520,8 @@ CRASHES: dict[str, Crash] = {
     **commits("reconcile", Reconcile),
     **commits("requeue", Requeue),
     **commits("prune", Prune),
-    **commits("publish", Publish),
+    **commits("publish", FirstPublication),
+    **commits("retention", ShortenRetention),
     **commits("migrate", Migrate),
     # One delivery crosses three commits: the claim, the receiver's, the recording.
     "dispatch.claim.before_commit": Delivery(claimed=False, received=False, recorded=False),

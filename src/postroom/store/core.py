@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from postroom import inbox, outbox, tasks, waits
+from postroom import inbox, outbox, tasks, transitions, waits
 from postroom.clock import Clock
 from postroom.errors import (
     BatchFailed,
@@ -65,7 +65,10 @@ from postroom.validation import (
 __all__ = ["Store", "open_store"]
 
 PRUNE = Operation("prune")
+#: The first publication of the store's settings, by its first opener: decides nothing by time.
 PUBLISH = Operation("publish", timed=False)
+#: An operator's change of the retention period: from its time on, what it promises holds.
+RETENTION = Operation("retention")
 
 _MAX_LEASE = 86_400.0
 _MAX_BATCH = 10_000
@@ -95,7 +98,8 @@ class Store:
         def publish(tx: Tx) -> float | None:
             tx.run("published_first", setting="retention",
                    value=DEFAULT_RETENTION if wanted is None else wanted)
-            return _published_retention(tx)
+            found = _published_retention(tx)
+            return None if found is None else found.value
 
         published = self._db.run(PUBLISH, publish)
         if published is None:  # pragma: no cover - the statement above just published it
@@ -116,10 +120,10 @@ class Store:
         database = Database(dialect_for_url(url), clock=clock)
         try:
             database.migrate("store")
-        except BaseException:
+            return cls(database, settings=settings, seed=seed)
+        except BaseException:  # e.g. refused settings: release the connections at once
             database.close()
             raise
-        return cls(database, settings=settings, seed=seed)
 
     # -- receiving ----------------------------------------------------------------------------
 
@@ -471,7 +475,7 @@ class Store:
 
     def _prune_once(self, tx: Tx) -> int:
         published = _published_retention(tx)
-        cutoff = tx.now - (published if published is not None else self.retention)
+        cutoff = tx.now - (published.at(tx.now) if published is not None else self.retention)
         rows = tx.all("tasks_prunable", cutoff=cutoff, limit=self._settings.sweep_limit)
         if rows:
             # A claim on a pruned task (reply) may still be held: keep its fence from coming
@@ -498,20 +502,19 @@ class Store:
 
         The period is the store's promise to every sender, so this is an operator's decision
         (``postroom init URL --retention SECONDS``): pruning in every process follows it from
-        its next transaction. A shorter period lets identities received under the longer one
-        be forgotten sooner.
+        its next transaction. A promise already made holds: after a shortening, what was
+        received until now keeps the longer period (see ``transitions.change_retention``).
         """
         value = check_retention(seconds)
 
         def publish(tx: Tx) -> float | None:
-            previous = _published_retention(tx)
-            if previous is None:
-                tx.run("published_first", setting="retention", value=value)
-            else:
-                tx.run("published_change", setting="retention", value=value)
-            return previous
+            current = _published_retention(tx, locked=True)
+            changed = transitions.change_retention(current, value, tx.now)
+            tx.run("published_set", setting="retention", value=changed.value,
+                   floor_value=changed.floor_value, floor_until=changed.floor_until)
+            return None if current is None else current.value
 
-        previous = self._db.run(PUBLISH, publish)
+        previous = self._db.run(RETENTION, publish)
         self._settings = replace(self._settings, retention=value)
         return previous
 
@@ -579,12 +582,14 @@ def describe(database: Database, settings: Settings, *, settings_from: str) -> d
     """What ``Store.info`` reports, read in one read-only transaction of ``database``.
 
     ``retention_seconds`` is the period the store publishes (``None`` until its first opener
-    publishes one). ``settings_from`` says whose the other settings shown are: they live in
-    the processes that open the store, not in the database.
+    publishes one); ``earlier_retention_honoured`` the longer period it still keeps, and
+    until when, for what it received before a shortening (``None`` if none).
+    ``settings_from`` says whose the other settings shown are: they live in the processes
+    that open the store, not in the database.
     """
     def read(tx: Tx) -> dict[str, Any]:
         durability, warnings = database.dialect.durability(tx.conn)
-        return {"retention": _published_retention(tx),
+        return {"retention": _published_retention(tx), "now": tx.now,
                 "tasks": {row["state"]: int(row["n"]) for row in tx.all("task_counts")},
                 "replies": {row["state"]: int(row["n"]) for row in tx.all("reply_counts")},
                 "waits": {row["state"]: int(row["n"]) for row in tx.all("wait_counts")},
@@ -593,14 +598,19 @@ def describe(database: Database, settings: Settings, *, settings_from: str) -> d
 
     found = database.read_run(read)
     clock, unconsumed = found["clock"], found["unconsumed"]
-    if found["retention"] is None:
+    retention: transitions.Retention | None = found["retention"]
+    honoured = None
+    if retention is None:
         found["warnings"].append("no retention period is published yet: the store's next "
                                  "opener publishes one")
+    elif retention.at(found["now"]) > retention.value:
+        honoured = {"seconds": retention.floor_value, "until": retention.floor_until}
     return {
         "dialect": database.dialect.name,
         "schema_version": database.schema_version("store"),
         "settings_from": settings_from,
-        "retention_seconds": found["retention"],
+        "retention_seconds": None if retention is None else retention.value,
+        "earlier_retention_honoured": honoured,
         "lease_seconds": settings.lease,
         "dispatch_lease_seconds": settings.dispatch_lease,
         "max_hops": settings.max_hops,
@@ -640,9 +650,14 @@ def inspect_store(url: str, *, settings: Settings | None = None) -> dict[str, An
         database.close()
 
 
-def _published_retention(tx: Tx) -> float | None:
-    row = tx.one("published_read", setting="retention")
-    return float(row["value"]) if row is not None else None
+def _published_retention(tx: Tx, *, locked: bool = False) -> transitions.Retention | None:
+    row = tx.one("published_read_locked" if locked else "published_read", setting="retention")
+    if row is None:
+        return None
+    floor_value, floor_until = row["floor_value"], row["floor_until"]
+    return transitions.Retention(
+        float(row["value"]), None if floor_value is None else float(floor_value),
+        None if floor_until is None else float(floor_until))
 
 
 def open_store(url: str, *, clock: Clock | None = None, settings: Settings | None = None,

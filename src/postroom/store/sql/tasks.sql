@@ -184,17 +184,26 @@ ORDER BY inbox.received_at
 LIMIT :limit
 
 -- name: published_read
--- A setting the store publishes (the retention period).
-SELECT value FROM postroom_published WHERE name = :setting
+-- A setting the store publishes (the retention period), with the longer period it still
+-- honours until a time, after a shortening.
+SELECT value, floor_value, floor_until FROM postroom_published WHERE name = :setting
+
+-- name: published_read_locked
+-- The same, locked until the transaction ends: an operator's change reads what it replaces.
+SELECT value, floor_value, floor_until FROM postroom_published WHERE name = :setting
+{for_update}
 
 -- name: published_first
 -- Publish a setting unless the store already does: the first opener's value stands.
 INSERT INTO postroom_published (name, value) VALUES (:setting, :value)
 ON CONFLICT (name) DO NOTHING
 
--- name: published_change
--- An operator's change of a published setting.
-UPDATE postroom_published SET value = :value WHERE name = :setting AND value <> :value
+-- name: published_set
+-- An operator's change of a published setting (or its first publication).
+INSERT INTO postroom_published (name, value, floor_value, floor_until)
+VALUES (:setting, :value, :floor_value, :floor_until)
+ON CONFLICT (name) DO UPDATE SET value = excluded.value, floor_value = excluded.floor_value,
+                                 floor_until = excluded.floor_until
 
 -- name: fence_floor_raise
 -- Before pruning tasks (replies): no new one may start at or below a fence they reached.
