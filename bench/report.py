@@ -114,10 +114,11 @@ def render(report: dict[str, Any]) -> str:
     if costs:
         lines += _section(
             "What a commit costs by the pages it writes",
-            "The raw loop's commit appends one page to the WAL. These loops make the same "
-            "durable commit but rewrite several one-page rows in it, so each commit writes "
-            "that many WAL frames; their ratio to the raw loop is what a commit of that size "
-            "costs on this disk.",
+            "The raw loop's commit appends about one page to the WAL. These loops make the "
+            "same durable commit but rewrite several one-page rows in it (the next ones of "
+            "256, so that checkpoints copy back many distinct pages, as a store's do), so "
+            "each commit writes that many WAL frames; their ratio to the raw loop is what a "
+            "commit of that size costs on this disk.",
             ["pages (WAL frames) per commit", "commits/s (median)", "ratio to raw (median)"],
             [[str(row["details"]["pages_per_commit"]),
               f"{_number(row['value'], row['unit'])}",
@@ -129,11 +130,13 @@ def render(report: dict[str, Any]) -> str:
         lines += _section(
             "How many pages an end-to-end task's commits write",
             "One more extra round per scenario counts the WAL frames its commits append (in "
-            "the store and the receiver). Priced by the commit-cost loop that writes as many "
-            "pages per commit, the commits alone allow the ratio in the last column (that "
-            "loop's ratio at these frames per commit, over the commits per task), before any "
-            "statement or Python runs; empty when the commit-cost scenario did not run or the "
-            "frames per commit lie outside the pages it measured.",
+            "the store and the receiver). Priced like the commit-cost loops, the commits alone "
+            "allow the ratio in the last column, before any statement or Python runs: a "
+            "commit's time relative to the raw loop's, fitted over those loops as a fixed "
+            "cost plus a cost per page and taken at these frames per commit, turned back "
+            "into a ratio and divided by the commits per task. Empty when the commit-cost "
+            "scenario did not run or the frames per commit lie outside the pages it "
+            "measured.",
             ["measurement", "commits per task", "WAL frames per task",
              "WAL frames per commit", "ratio the commits alone allow"],
             [[row["label"], f"{row['details']['commits_per_task']:g}",

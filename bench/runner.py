@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import itertools
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -178,24 +178,27 @@ def run_bench(*, sizes: Sizes, mode: str, folder: Path, only: Sequence[str] = ()
 
 def add_page_ceilings(rows: Sequence[Measurement]) -> None:
     """Give each end-to-end figure the ratio its commits alone allow, priced by the bare
-    commit loop that writes as many pages per commit (``commit-cost``).
+    commit loops that write a given number of pages per commit (``commit-cost``).
 
-    ``ratio_if_commits_cost_bare_commits_of_as_many_pages`` is that loop's ratio at the
-    figure's WAL frames per commit (interpolated between the page counts measured) over its
-    commits per task; absent when those frames lie outside the measured page counts.
+    A commit's time relative to the raw loop's (``1 / ratio``) is fitted by least squares to
+    a fixed cost plus a cost per page, over every page count measured, so one noisy round
+    does not bend the price. ``ratio_if_commits_cost_bare_commits_of_as_many_pages`` is
+    ``1 / fitted time`` at the figure's WAL frames per commit, over its commits per task;
+    absent when those frames lie outside the page counts measured (no extrapolation).
     """
-    curve = sorted((row.details["pages_per_commit"], row.ratio) for row in rows
-                   if row.id.startswith("commit_cost.") and row.ratio is not None)
+    curve = [(float(row.details["pages_per_commit"]), 1.0 / row.ratio) for row in rows
+             if row.id.startswith("commit_cost.") and row.ratio]
+    pages = [point[0] for point in curve]
+    if len(set(pages)) < 2:
+        return
+    fit = statistics.linear_regression(pages, [point[1] for point in curve])
     for row in rows:
         frames = row.details.get("wal_frames_per_commit")
-        if frames is None:
+        if frames is None or not min(pages) <= frames <= max(pages):
             continue
-        for (low, low_ratio), (high, high_ratio) in itertools.pairwise(curve):
-            if low <= frames <= high:
-                ratio = low_ratio + (high_ratio - low_ratio) * (frames - low) / (high - low)
-                row.details["ratio_if_commits_cost_bare_commits_of_as_many_pages"] = round(
-                    ratio / row.details["commits_per_task"], 4)
-                break
+        ratio = 1.0 / (fit.intercept + fit.slope * frames)
+        row.details["ratio_if_commits_cost_bare_commits_of_as_many_pages"] = round(
+            ratio / row.details["commits_per_task"], 4)
 
 
 def _reach_postgres(url: str, names: list[str]) -> dict[str, Any]:

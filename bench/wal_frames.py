@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
 from typing import Any
 
 from bench.context import BenchError
@@ -30,26 +31,34 @@ class WalFrames:
             if not isinstance(database.dialect, SQLiteDialect):
                 raise BenchError("WAL frames are counted on SQLite only")
             self._dialects.append(database.dialect)
-        self._saved: list[int] = []
+        self._restore = ExitStack()
         self.frames = 0
 
     def __enter__(self) -> WalFrames:
-        for dialect in self._dialects:
-            with dialect.connection() as conn:
-                _truncate(conn, dialect.path)
-                self._saved.append(int(conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0]))
-                conn.execute("PRAGMA wal_autocheckpoint = 0")
+        with ExitStack() as undo:  # a database that fails leaves the others as they were
+            for dialect in self._dialects:
+                with dialect.connection() as conn:
+                    _truncate(conn, dialect.path)
+                    saved = int(conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0])
+                    conn.execute("PRAGMA wal_autocheckpoint = 0")
+                undo.callback(_restore, dialect, saved)
+            self._restore = undo.pop_all()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for dialect, saved in zip(self._dialects, self._saved, strict=True):
-            with dialect.connection() as conn:
-                page = int(conn.execute("PRAGMA page_size").fetchone()[0])
-                size = os.path.getsize(dialect.path + "-wal")
-                if size:
-                    self.frames += (size - _WAL_HEADER) // (page + _FRAME_HEADER)
-                conn.execute(f"PRAGMA wal_autocheckpoint = {saved}")
-                _truncate(conn, dialect.path)
+        with self._restore:  # every database is restored, even if one fails
+            for dialect in self._dialects:
+                with dialect.connection() as conn:
+                    page = int(conn.execute("PRAGMA page_size").fetchone()[0])
+                    size = os.path.getsize(dialect.path + "-wal")
+                    if size:
+                        self.frames += (size - _WAL_HEADER) // (page + _FRAME_HEADER)
+
+
+def _restore(dialect: SQLiteDialect, saved: int) -> None:
+    with dialect.connection() as conn:
+        conn.execute(f"PRAGMA wal_autocheckpoint = {saved}")
+        _truncate(conn, dialect.path)
 
 
 def _truncate(conn: Any, path: str) -> None:

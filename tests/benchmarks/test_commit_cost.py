@@ -15,13 +15,12 @@ from bench.scenarios.commit_cost import PagedCommitLoop
 from bench.wal_frames import WalFrames
 from tests.support import envelope
 
-_FRAME = 4096 + 24
 _HEADER = 32
 
 
-def wal_frames(path: Path) -> int:
+def wal_frames(path: Path, page_size: int = 4096) -> int:
     size = Path(f"{path}-wal").stat().st_size
-    return (size - _HEADER) // _FRAME if size else 0
+    return (size - _HEADER) // (page_size + 24) if size else 0
 
 
 def truncate_wal(path: Path) -> None:
@@ -30,13 +29,18 @@ def truncate_wal(path: Path) -> None:
     conn.close()
 
 
-def test_a_paged_commit_writes_one_wal_frame_per_page(tmp_path):
+@pytest.mark.parametrize("page_size", [1024, 4096, 16384])
+def test_a_paged_commit_writes_one_wal_frame_per_page(tmp_path, page_size):
     path = tmp_path / "paged.db"
-    loop = PagedCommitLoop(path, pages=3, commits=10)
+    with sqlite3.connect(path) as conn:
+        conn.execute(f"PRAGMA page_size = {page_size}")
+        conn.execute("VACUUM")
+    conn.close()
+    loop = PagedCommitLoop(path, pages=3, commits=100)  # 300 rows: the set of 256 wraps
     try:
         truncate_wal(path)
-        assert loop.round() == 10
-        assert wal_frames(path) == 30
+        assert loop.round() == 100
+        assert wal_frames(path, page_size) == 300
     finally:
         loop.close()
 
@@ -59,11 +63,32 @@ def _row(id_: str, ratio: float, **details: float) -> Measurement:
                        rounds=Rounds(rates=(1.0,), ratios=(ratio,)), details=dict(details))
 
 
-def test_the_page_ceiling_interpolates_the_commit_cost_at_the_frames_per_commit():
+CEILING = "ratio_if_commits_cost_bare_commits_of_as_many_pages"
+
+
+def test_the_page_ceiling_prices_a_commit_by_a_fixed_cost_plus_a_cost_per_page():
+    # relative times 1.0 + 0.1 per page beyond the first: 1.0, 1.5, 2.1 at 1, 6 and 12 pages
+    curve = [_row(f"commit_cost.pages_{pages}", 1 / (0.9 + 0.1 * pages), pages_per_commit=pages)
+             for pages in (1, 6, 12)]
     single = _row("e2e.single", 0.05, wal_frames_per_commit=3.5, commits_per_task=6)
-    huge = _row("e2e.batched", 0.5, wal_frames_per_commit=400.0, commits_per_task=0.01)
+    add_page_ceilings([*curve, single])
+    assert single.details[CEILING] == pytest.approx(1 / (0.9 + 0.35) / 6, abs=1e-4)
+
+
+def test_the_page_ceiling_is_not_bent_by_one_noisy_point():
+    line = {pages: 1 / (0.9 + 0.1 * pages) for pages in (1, 2, 4, 6, 8, 12)}
+    noisy = {**line, 6: line[6] * 1.3}  # one round of a neighbour's burst
+    priced = []
+    for ratios in (line, noisy):
+        single = _row("e2e.single", 0.05, wal_frames_per_commit=6.0, commits_per_task=6)
+        add_page_ceilings([_row(f"commit_cost.pages_{pages}", ratio, pages_per_commit=pages)
+                           for pages, ratio in ratios.items()] + [single])
+        priced.append(single.details[CEILING])
+    assert priced[1] == pytest.approx(priced[0], rel=0.05)
+
+
+def test_the_page_ceiling_does_not_extrapolate():
+    batched = _row("e2e.batched", 0.5, wal_frames_per_commit=400.0, commits_per_task=0.01)
     add_page_ceilings([_row("commit_cost.pages_1", 1.0, pages_per_commit=1),
-                       _row("commit_cost.pages_6", 0.75, pages_per_commit=6), single, huge])
-    ceiling = "ratio_if_commits_cost_bare_commits_of_as_many_pages"
-    assert single.details[ceiling] == pytest.approx((1.0 - 0.25 * 2.5 / 5) / 6, abs=1e-4)
-    assert ceiling not in huge.details  # beyond the pages measured: no guess
+                       _row("commit_cost.pages_6", 0.75, pages_per_commit=6), batched])
+    assert CEILING not in batched.details
