@@ -7,10 +7,17 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RESULTS", "render", "write"]
+__all__ = ["checkout_results", "render", "write"]
 
 #: Where a full run writes its results by default.
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+
+
+def checkout_results(folder: Path | None = None) -> Path | None:
+    """``bench/RESULTS.md`` of the postroom checkout at ``folder`` (the current directory by
+    default), or ``None`` when ``folder`` is not one: an installed postroom has no file of
+    record to rewrite."""
+    bench = (folder if folder is not None else Path.cwd()) / "bench"
+    return bench / "RESULTS.md" if (bench / "runner.py").is_file() else None
 
 
 def render(report: dict[str, Any]) -> str:
@@ -21,8 +28,7 @@ def render(report: dict[str, Any]) -> str:
         "# postroom benchmark results",
         "",
         f"Written by `{report['command']}` ({report['mode']} run) on {report['started']}, "
-        f"in {report['elapsed_s']:.0f} s. Run the same command to reproduce and rewrite "
-        "this file.",
+        f"in {report['elapsed_s']:.0f} s. Run the same command to reproduce it.",
         "",
         "Every ratio divides a figure by the raw SQLite commit loop measured in the same run "
         "(WAL, `synchronous=FULL`, one row per `BEGIN IMMEDIATE` transaction, on the same "

@@ -205,7 +205,12 @@ def _reach_postgres(url: str, names: list[str]) -> dict[str, Any]:
     """The server's description, or a ``ValueError`` saying how to run without it."""
     try:
         return postgres.PostgresTarget(url).describe()
-    except Exception as exc:  # psycopg's errors, or psycopg missing: either way, no server
+    except ImportError as exc:
+        raise ValueError(
+            f"the scenarios {', '.join(names)} need PostgreSQL support, which is not installed "
+            f"({exc}): pip install 'postroom[postgres]', or choose scenarios without them "
+            "with --only") from exc
+    except Exception as exc:  # psycopg's errors: no server there
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise ValueError(
             f"PostgreSQL at {postgres.public_url(url)} is unreachable ({reason}); the "

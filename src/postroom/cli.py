@@ -206,8 +206,8 @@ def drain(url: str, receiver_url: str | None, **options: Any) -> None:
               default=None, help="Where the temporary databases go (on disk, not tmpfs; "
                                  "default /var/tmp).")
 @click.option("--results", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write the Markdown report here (a full run of every scenario writes "
-                   "bench/RESULTS.md unless told otherwise).")
+              help="Write the Markdown report here (a full run of every scenario, from a "
+                   "postroom checkout, rewrites its bench/RESULTS.md unless told otherwise).")
 @click.option("--pg-url", default=DEFAULT_PG_URL, show_default=True, metavar="URL",
               envvar="POSTROOM_PG_URL", show_envvar=True,
               help="The PostgreSQL database the pg-* scenarios create (and drop) their "
@@ -232,16 +232,21 @@ def bench(quick: bool, only: tuple[str, ...], folder: Path | None,
         raise click.BadParameter(f"{results.parent} is not a folder", param_hint="'--results'")
     words = ["postroom bench", *(["--quick"] if quick else []),
              *(f"--only {name}" for name in only),
-             *([f"--pg-url {public_url(pg_url)}"] if pg_url != DEFAULT_PG_URL else [])]
+             *([f"--pg-url {public_url(pg_url)}"] if pg_url != DEFAULT_PG_URL else []),
+             *([f"--results {results}"] if results is not None else [])]
+    mode = "quick" if quick else ("partial" if only else "full")
     try:
-        outcome = run_bench(sizes=QUICK if quick else FULL, mode="quick" if quick else "full",
+        outcome = run_bench(sizes=QUICK if quick else FULL, mode=mode,
                             folder=folder if folder is not None else default_folder(),
                             only=only, pg_url=pg_url, command=" ".join(words),
                             progress=lambda line: click.echo(line, err=True))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    if results is None and not quick and not only:
-        results = report.RESULTS
+    if results is None and mode == "full":
+        results = report.checkout_results()
+        if results is None:
+            click.echo("not in a postroom checkout: no bench/RESULTS.md to rewrite (--results "
+                       "FILE keeps the Markdown report)", err=True)
     if results is not None:
         report.write(outcome, results)
         click.echo(f"wrote {results}", err=True)

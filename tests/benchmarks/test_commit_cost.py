@@ -1,5 +1,6 @@
-"""The pieces that price a commit by its pages: a loop that writes k pages per commit, a WAL
-frame counter, and the ceiling derived from both. Counts, not speeds."""
+"""The bench's own pieces, each without a run: the loop that writes k pages per commit, the
+WAL frame counter, the ceiling derived from both, where the report goes, and what a missing
+PostgreSQL extra says. Counts and words, not speeds."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from pathlib import Path
 import pytest
 
 import postroom
-from bench.context import Measurement, Rounds
+from bench import runner
+from bench.context import QUICK, Measurement, Rounds
+from bench.report import checkout_results
 from bench.runner import add_page_ceilings
 from bench.scenarios.commit_cost import PagedCommitLoop
 from bench.wal_frames import WalFrames
@@ -92,3 +95,19 @@ def test_the_page_ceiling_does_not_extrapolate():
     add_page_ceilings([_row("commit_cost.pages_1", 1.0, pages_per_commit=1),
                        _row("commit_cost.pages_6", 0.75, pages_per_commit=6), batched])
     assert CEILING not in batched.details
+
+
+def test_only_a_checkout_has_a_results_file_of_record(tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    assert checkout_results(root) == root / "bench" / "RESULTS.md"
+    assert checkout_results(tmp_path) is None
+
+
+def test_postgres_scenarios_without_the_extra_say_what_to_install(monkeypatch):
+    def missing(url: str) -> None:
+        raise ModuleNotFoundError("No module named 'psycopg'")
+
+    monkeypatch.setattr(runner.postgres, "PostgresTarget", missing)
+    with pytest.raises(ValueError, match=r"pip install 'postroom\[postgres\]'"):
+        runner.run_bench(sizes=QUICK, mode="quick", folder=runner.default_folder(),
+                         only=["pg-claim"])

@@ -643,8 +643,8 @@ def inspect_store(url: str, *, settings: Settings | None = None) -> dict[str, An
             raise SchemaError(f"the store's schema is {problem}")
         if settings is None:
             return describe(database, Settings(), settings_from=(
-                "postroom's defaults, but retention_seconds: an application's own Settings "
-                "are not in the database, the published retention period is"))
+                "postroom's defaults (an application's own Settings are not in the "
+                "database), except retention_seconds: the store's published period"))
         return describe(database, settings, settings_from="the Settings given")
     finally:
         database.close()
