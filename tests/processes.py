@@ -275,6 +275,19 @@ def _receive(ctx: Context, message_id: str, **fields: Any) -> postroom.Ack:
     return _store(ctx).receive(ctx.auth, envelope(message_id, **fields))
 
 
+@step("receive_each")
+def _receive_each(ctx: Context, message_ids: list[str], **fields: Any) -> list[dict[str, Any]]:
+    """Receive each message in a transaction of its own; each one's ACK or error."""
+    answers: list[dict[str, Any]] = []
+    for message_id in message_ids:
+        try:
+            ack = _store(ctx).receive(ctx.auth, envelope(message_id, **fields))
+            answers.append({"message_id": message_id, "duplicate": ack.duplicate})
+        except postroom.PostroomError as exc:
+            answers.append({"message_id": message_id, "error": f"{type(exc).__name__}: {exc}"})
+    return answers
+
+
 @step("receive_at")
 def _receive_at(ctx: Context, message_id: str, stream: str, seq: int) -> postroom.Ack:
     return _store(ctx).receive(ctx.auth, envelope(message_id),

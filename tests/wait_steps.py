@@ -42,3 +42,19 @@ def _expire_due(ctx: Context) -> int:
 def _resume(ctx: Context, effect: dict[str, Any] | None, **args: Any) -> postroom.Resumption:
     follow_up = None if effect is None else postroom.FollowUp(**effect)
     return _store(ctx).resume(**args, effect=follow_up)
+
+
+@step("open_waits_on")
+def _open_waits_on(ctx: Context, task_ids: list[str], flow: str,
+                   deadline: float) -> list[dict[str, Any]]:
+    """Open one wait per task (step ``answer`` of ``<flow>/<n>``), each in its own transaction,
+    each with that task as its parent; each one's result, or ``NotFound``."""
+    answers: list[dict[str, Any]] = []
+    for n, task_id in enumerate(task_ids):
+        try:
+            opening = _store(ctx).open_wait(f"{flow}/{n}", "answer", 0, deadline,
+                                            task_id=task_id)
+            answers.append({"task_id": task_id, "result": opening.result.value})
+        except postroom.NotFound:
+            answers.append({"task_id": task_id, "result": "not_found"})
+    return answers

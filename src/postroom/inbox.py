@@ -6,7 +6,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from postroom import transitions
-from postroom.errors import InvalidEnvelope, InvalidInput, PayloadCollision, Unauthorized
+from postroom.errors import (
+    InvalidEnvelope,
+    InvalidInput,
+    PayloadCollision,
+    StoreUnavailable,
+    Unauthorized,
+)
 from postroom.models import Ack, AuthContext, Envelope, FollowUp, Position, TaskState
 from postroom.settings import Settings
 from postroom.store.database import Operation, Tx
@@ -117,21 +123,35 @@ def store_message(tx: Tx, settings: Settings, checked: CheckedEnvelope,
     A repeat of a stored identity with the same fingerprint is a duplicate and writes
     nothing; with a different fingerprint it is a ``PayloadCollision``.
     """
-    inserted = tx.one("inbox_insert", **_inbox(checked, tx.now))
-    if inserted is None:
-        stored = tx.one("inbox_fingerprint", task_id=checked.task_id)
-        if stored is None or stored["fingerprint"] != checked.fingerprint:
-            raise PayloadCollision(
-                f"message {checked.message_id!r} from {checked.principal!r}",
-                f"task {checked.task_id} was stored with fingerprint "
-                f"{stored['fingerprint'] if stored else '?'}, this one is {checked.fingerprint}")
-        duplicate = True
-    else:
+    duplicate = _stored(tx, checked)
+    if not duplicate:
         _insert_tasks(tx, settings, [checked])
-        duplicate = False
     if position is not None:
         _record_position(tx, checked, position)
     return Ack(task_id=checked.task_id, duplicate=duplicate)
+
+
+def _stored(tx: Tx, checked: CheckedEnvelope) -> bool:
+    """Insert the inbox row; ``True`` if the identity was already stored with this content.
+
+    A prune can forget the identity between the insert that found it and the read of its
+    fingerprint (on PostgreSQL; SQLite runs one writer at a time). The read waits for that
+    prune, finds nothing, and the identity is then a new request: insert it again, once.
+    """
+    for _ in range(2):
+        if tx.one("inbox_insert", **_inbox(checked, tx.now)) is not None:
+            return False
+        stored = tx.one("inbox_fingerprint", task_id=checked.task_id)
+        if stored is None:
+            continue
+        if stored["fingerprint"] != checked.fingerprint:
+            raise PayloadCollision(
+                f"message {checked.message_id!r} from {checked.principal!r}",
+                f"task {checked.task_id} was stored with fingerprint {stored['fingerprint']}, "
+                f"this one is {checked.fingerprint}")
+        return True
+    raise StoreUnavailable(f"message {checked.message_id!r} from {checked.principal!r}: "
+                           "its identity was forgotten twice while it was being stored")
 
 
 def store_all(tx: Tx, settings: Settings, items: Sequence[CheckedEnvelope]) -> list[Ack]:

@@ -24,6 +24,7 @@ from postroom.models import (
 from postroom.validation import canonical_json, fingerprint
 
 __all__ = [
+    "FLOOR_MARGIN",
     "SIGNALED",
     "TIMED_OUT",
     "ExpireDecision",
@@ -102,14 +103,20 @@ class Retention:
         return self.value
 
 
-def change_retention(current: Retention | None, value: float, now: float) -> Retention:
+#: Seconds a floor outlasts ``now + period``: a message stored while the change was being
+#: decided may carry a time a little later than the change's (keeping longer is allowed).
+FLOOR_MARGIN = 60.0
+
+
+def change_retention(current: Retention | None, value: float, now: float, *,
+                     margin: float = FLOOR_MARGIN) -> Retention:
     """Publish ``value`` at ``now`` without breaking a promise already made.
 
     An identity received at ``r`` was promised the period then in force, so it is kept until
     ``r + period``. A shorter ``value`` therefore keeps the current period as a floor until
-    ``now + current period``; a floor still running is merged into it (the longer period,
-    the later end), which keeps some identities longer than promised, never shorter. A
-    floor that ``value`` reaches adds nothing and is dropped.
+    ``now + current period + margin``; a floor still running is merged into it (the longer
+    period, the later end), which keeps some identities longer than promised, never shorter.
+    A floor that ``value`` reaches adds nothing and is dropped.
     """
     if current is None:
         return Retention(value)
@@ -119,7 +126,7 @@ def change_retention(current: Retention | None, value: float, now: float) -> Ret
     floor_until = current.floor_until if running else None
     if value < current.value:
         floor_value = max(current.value, floor_value or 0.0)
-        floor_until = max(now + current.value, floor_until or now)
+        floor_until = max(now + current.value + margin, floor_until or now)
     if floor_value is None or floor_value <= value:
         return Retention(value)
     return Retention(value, floor_value, floor_until)

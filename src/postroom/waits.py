@@ -255,7 +255,8 @@ def open_wait(tx: Tx, request: OpenRequest) -> WaitOpening:
                                    consumed=consumed)
     if result is not OpenResult.OPENED:
         return WaitOpening(result=result, flow=flow, step=step, generation=current)
-    if request.task_id is not None and tx.one("task_get", task_id=request.task_id) is None:
+    # Locked: a prune must not forget the task while this wait is being attached to it.
+    if request.task_id is not None and tx.one("task_kept", task_id=request.task_id) is None:
         raise NotFound(f"no task {request.task_id} (task_id of wait {flow!r}/{step!r})")
     generation = request.expected + 1
     slot = {"flow": flow, "step": step, "generation": generation}

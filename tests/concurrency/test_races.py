@@ -30,6 +30,8 @@ RECOVER_ROUNDS = 20
 CANCEL_ROUNDS = 20
 OPENERS = 8
 POSITION_ROUNDS = 10
+PRUNE_ROUNDS = 5
+PRUNED_PER_ROUND = 100
 
 
 def no_errors(answers: list[Answer], round_: int) -> None:
@@ -231,3 +233,91 @@ def test_eight_processes_opening_a_new_database_create_one_schema(make_url):
     assert audit_url(url) == []
     with postroom.open_store(url) as store:
         assert store.info()["schema_version"] == latest_schema(store)
+
+
+def state_of(store: postroom.Store, auth: postroom.AuthContext,
+             message_id: str) -> TaskState | None:
+    """The state of the task of ``message_id`` (``None`` once it is pruned)."""
+    return state_of_task(store, task_id_for(auth.principal, message_id))
+
+
+def state_of_task(store: postroom.Store, task_id: str) -> TaskState | None:
+    """The state of task ``task_id`` (``None`` once it is pruned)."""
+    try:
+        return store.task(task_id).state
+    except postroom.NotFound:
+        return None
+
+
+def test_pruners_racing_resends_of_what_they_prune_lose_no_acked_message(db_url, clock,
+                                                                          transport, auth):
+    # Two pruners and two senders of the very messages being pruned, released together. A
+    # resend is a duplicate (the prune had not taken the message yet) or a new request (it
+    # had): never an error, and a new request's task must survive the other pruner.
+    with postroom.open_store(db_url, clock=clock,
+                             settings=postroom.Settings(retention=60.0)) as store, \
+            spawn(2, name="pruner", store=db_url) as pruners, \
+            spawn(2, name="sender", store=db_url) as senders:
+        renewed = 0
+        unpruned: list[str] = []  # finished and sent, past retention, not pruned yet
+        for round_ in range(PRUNE_ROUNDS):
+            queue = f"round-{round_}"  # new requests of earlier rounds stay out of the way
+            ids = [f"{queue}/m-{n}" for n in range(PRUNED_PER_ROUND)]
+            clock.set(START + round_ * 100)
+            store.receive_atomic(auth, [envelope(m, queue=queue) for m in ids])
+            store.finish_batch([(claim, None) for claim in
+                                store.claim_batch("w", PRUNED_PER_ROUND, queues=queue)])
+            assert store.dispatch(transport, limit=PRUNED_PER_ROUND).sent == PRUNED_PER_ROUND
+            answers = release_each([
+                (pruners[0], "prune", {}), (pruners[1], "prune", {}),
+                (senders[0], "receive_each", {"message_ids": ids, "queue": queue}),
+                (senders[1], "receive_each", {"message_ids": ids[::-1], "queue": queue})],
+                now=START + round_ * 100 + 61)
+            no_errors(answers, round_)
+            acks = [ack for answer in answers[2:] for ack in answer.value]
+            assert [ack for ack in acks if "error" in ack] == [], f"round {round_}"
+            new = {ack["message_id"] for ack in acks if not ack["duplicate"]}
+            states = {m: state_of(store, auth, m) for m in [*unpruned, *ids]}
+            assert {states[m] for m in new} <= {TaskState.PENDING}, f"round {round_}: {states}"
+            # What a pruner skipped (a resend held it) is pruned in a later round.
+            pruned = answers[0].value + answers[1].value
+            unpruned = [m for m, state in states.items() if state == TaskState.DONE]
+            assert pruned == len(states) - len(unpruned), f"round {round_}: {pruned} reported"
+            renewed += len(new)
+    print(f"\nprune race: {PRUNE_ROUNDS} rounds x {PRUNED_PER_ROUND} messages, 2 pruners and "
+          f"2 senders, {renewed} resends became new requests")
+    assert audit_url(db_url) == []
+
+
+def test_a_wait_opened_on_a_task_being_pruned_never_loses_its_parent(db_url, clock,
+                                                                     transport, auth):
+    # A wait names its task as the parent of the follow-up its resume may enqueue: a pruner
+    # racing the wait's opening forgets the task first (the opening finds no task) or keeps
+    # it for the wait, never both.
+    with postroom.open_store(db_url, clock=clock,
+                             settings=postroom.Settings(retention=60.0)) as store, \
+            spawn(1, name="pruner", store=db_url) as (pruner,), \
+            spawn(1, name="opener", store=db_url, modules=["tests.wait_steps"]) as (opener,):
+        kept = 0
+        for round_ in range(PRUNE_ROUNDS):
+            queue = f"round-{round_}"
+            ids = [f"{queue}/m-{n}" for n in range(PRUNED_PER_ROUND)]
+            clock.set(START + round_ * 100)
+            acks = store.receive_atomic(auth, [envelope(m, queue=queue) for m in ids])
+            store.finish_batch([(claim, None) for claim in
+                                store.claim_batch("w", PRUNED_PER_ROUND, queues=queue)])
+            assert store.dispatch(transport, limit=PRUNED_PER_ROUND).sent == PRUNED_PER_ROUND
+            task_ids = [ack.task_id for ack in acks]
+            answers = release_each([
+                (pruner, "prune", {}),
+                (opener, "open_waits_on", {"task_ids": task_ids[::-1], "flow": queue,
+                                           "deadline": START + 86_400})],
+                now=START + round_ * 100 + 61)
+            no_errors(answers, round_)
+            opened = [a["task_id"] for a in answers[1].value if a["result"] == "opened"]
+            lost = [task_id for task_id in opened if state_of_task(store, task_id) is None]
+            assert lost == [], f"round {round_}: {len(lost)} waits whose task was pruned"
+            kept += len(opened)
+    print(f"\nprune vs open_wait: {PRUNE_ROUNDS} rounds x {PRUNED_PER_ROUND} tasks, {kept} "
+          "waits opened on tasks the pruner then kept")
+    assert audit_url(db_url) == []

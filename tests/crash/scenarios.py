@@ -29,7 +29,7 @@ from postroom.audit import audit_url
 from postroom.settings import DEFAULT_RETENTION
 from postroom.store import Database, dialect_for_url
 from postroom.store.core import inspect_store
-from postroom.transitions import reply_id_for
+from postroom.transitions import FLOOR_MARGIN, reply_id_for
 from tests.crash.world import AUTH, RESULT, Refusing, World, task_id
 from tests.support import SETTINGS, START, envelope, latest_schema
 
@@ -447,7 +447,7 @@ class ShortenRetention(CommitCrash):
         assert world.store.retention == 60.0
         # m-1 came under a week's promise, and keeps it
         assert world.store.info()["earlier_retention_honoured"] == {
-            "seconds": DEFAULT_RETENTION, "until": START + DEFAULT_RETENTION}
+            "seconds": DEFAULT_RETENTION, "until": START + DEFAULT_RETENTION + FLOOR_MARGIN}
 
     def retry(self, world: World) -> None:
         previous = world.store.publish_retention(60.0)

@@ -89,10 +89,15 @@ def test_a_first_retention_period_promises_nothing_earlier():
 
 
 def test_a_shorter_retention_keeps_the_longer_one_for_what_came_before():
-    shortened = t.change_retention(t.Retention(3600.0), 60.0, now=1000.0)
+    shortened = t.change_retention(t.Retention(3600.0), 60.0, now=1000.0, margin=0.0)
     assert shortened == t.Retention(60.0, floor_value=3600.0, floor_until=4600.0)
     assert shortened.at(4599.0) == 3600.0  # received at 1000 at the latest: kept until 4600
     assert shortened.at(4600.0) == 60.0
+
+
+def test_a_floor_outlasts_its_period_by_a_margin_for_messages_stored_meanwhile():
+    shortened = t.change_retention(t.Retention(3600.0), 60.0, now=1000.0)
+    assert shortened.floor_until == 4600.0 + t.FLOOR_MARGIN
 
 
 def test_a_longer_retention_promises_no_floor():
@@ -100,16 +105,17 @@ def test_a_longer_retention_promises_no_floor():
 
 
 def test_a_running_floor_merges_into_the_next_one_longer_and_later():
-    first = t.change_retention(t.Retention(3600.0), 600.0, now=1000.0)  # 3600 until 4600
-    second = t.change_retention(first, 60.0, now=2000.0)  # 600 until 2600, merged
+    first = t.change_retention(t.Retention(3600.0), 600.0, now=1000.0,
+                               margin=0.0)  # 3600 until 4600
+    second = t.change_retention(first, 60.0, now=2000.0, margin=0.0)  # 600 until 2600
     assert second == t.Retention(60.0, floor_value=3600.0, floor_until=4600.0)
-    late = t.change_retention(t.change_retention(t.Retention(100.0), 50.0, now=0.0),
-                              10.0, now=90.0)  # 100 until 100, and 50 until 140
+    late = t.change_retention(t.change_retention(t.Retention(100.0), 50.0, now=0.0, margin=0.0),
+                              10.0, now=90.0, margin=0.0)  # 100 until 100, and 50 until 140
     assert late == t.Retention(10.0, floor_value=100.0, floor_until=140.0)
 
 
 def test_a_floor_the_new_period_reaches_or_that_ran_out_is_dropped():
     floored = t.Retention(60.0, floor_value=3600.0, floor_until=4600.0)
     assert t.change_retention(floored, 7200.0, now=2000.0) == t.Retention(7200.0)
-    assert t.change_retention(floored, 30.0, now=5000.0) == t.Retention(
+    assert t.change_retention(floored, 30.0, now=5000.0, margin=0.0) == t.Retention(
         30.0, floor_value=60.0, floor_until=5060.0)

@@ -468,15 +468,22 @@ class Store:
         """
         pruned = 0
         while True:
-            count = self._db.run(PRUNE, self._prune_once)
+            count, candidates = self._db.run(PRUNE, self._prune_once)
             pruned += count
-            if count < self._settings.sweep_limit:
+            if candidates < self._settings.sweep_limit:
                 return pruned
 
-    def _prune_once(self, tx: Tx) -> int:
+    def _prune_once(self, tx: Tx) -> tuple[int, int]:
+        """Prune one sweep; return how many were pruned and how many were candidates."""
         published = _published_retention(tx)
         cutoff = tx.now - (published.at(tx.now) if published is not None else self.retention)
-        rows = tx.all("tasks_prunable", cutoff=cutoff, limit=self._settings.sweep_limit)
+        candidates = tx.all("tasks_prunable", cutoff=cutoff, task_id=None,
+                            limit=self._settings.sweep_limit)
+        # The candidates are locked now, but on PostgreSQL they were chosen from a snapshot
+        # taken before the locks: a wait attached to one, or a position received for it,
+        # that committed meanwhile is seen only by a new statement. Ask again, one by one.
+        rows = [row for row in candidates
+                if tx.one("tasks_prunable", cutoff=cutoff, task_id=row["task_id"], limit=1)]
         if rows:
             # A claim on a pruned task (reply) may still be held: keep its fence from coming
             # back on a new one with the same identity.
@@ -485,12 +492,12 @@ class Store:
                    floor=max(int(r["reply_fence"]) for r in rows))
         for row in rows:
             task_id = row["task_id"]
+            tx.run("prune_inbox", task_id=task_id)
             tx.run("prune_stream_positions", task_id=task_id)
             tx.run("prune_requeues", reply_id=reply_id_for(task_id))
             tx.run("prune_reply", task_id=task_id)
             tx.run("prune_task", task_id=task_id)
-            tx.run("prune_inbox", task_id=task_id)
-        return len(rows)
+        return len(rows), len(candidates)
 
     def info(self) -> dict[str, Any]:
         """Settings, schema version, counts, and the database settings that durability

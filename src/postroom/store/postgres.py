@@ -232,6 +232,8 @@ class PostgresDialect(Dialect):
     fragments: ClassVar[Mapping[str, str]] = {
         "skip_locked": "FOR UPDATE SKIP LOCKED",
         "for_update": "FOR UPDATE",
+        # Keeps a row from being pruned (deleted) while a transaction relies on it.
+        "for_share": "FOR SHARE",
         # SQLite's statement-journal workaround (see sqlite.py); PostgreSQL needs none.
         "or_fail": "",
         "server_time": "CAST(extract(epoch FROM clock_timestamp()) AS DOUBLE PRECISION)",

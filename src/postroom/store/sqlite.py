@@ -41,6 +41,7 @@ class SQLiteDialect(Dialect):
         # transaction.
         "skip_locked": "",
         "for_update": "",
+        "for_share": "",
         # The claims are UPDATE ... RETURNING on tables with constraints. Under the default
         # ABORT, SQLite keeps a statement journal to undo a half-done statement, and its
         # buffer is allocated and freed around every claim; glibc hands it back to the

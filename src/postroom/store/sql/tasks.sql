@@ -19,8 +19,9 @@ ON CONFLICT (task_id) DO NOTHING
 RETURNING task_id
 
 -- name: inbox_fingerprint
--- The content fingerprint stored for an identity.
-SELECT fingerprint FROM inbox WHERE task_id = :task_id
+-- The content fingerprint stored for an identity, kept from a concurrent prune until the
+-- transaction ends (a prune holding it first is waited for: the row is then gone).
+SELECT fingerprint FROM inbox WHERE task_id = :task_id {for_share}
 
 -- name: task_insert
 -- Create the task of a newly stored message; its fence starts at the floor (see fence_floor_raise).
@@ -122,6 +123,10 @@ LIMIT :limit
 -- One task, whole.
 SELECT * FROM tasks WHERE task_id = :task_id
 
+-- name: task_kept
+-- Whether a task exists, kept from a concurrent prune until the transaction ends.
+SELECT task_id FROM tasks WHERE task_id = :task_id {for_share}
+
 -- name: task_apply
 -- Apply a decision to a task still in the state and fence it was decided on.
 UPDATE tasks
@@ -159,11 +164,14 @@ RETURNING lease_until
 -- name: tasks_prunable
 -- Stored messages past retention whose task is terminal and whose reply was sent, that no
 -- wait still needs as the parent of its follow-up (waiting, or continuation unconsumed), and
--- that no stream still counts on (a position above the watermark).
+-- that no stream still counts on (a position above the watermark); all of them, or the one
+-- of :task_id. Their rows are locked for the pruner, and rows another transaction holds are
+-- left to a later prune.
 SELECT inbox.task_id, tasks.fence AS task_fence, replies.fence AS reply_fence FROM inbox
 JOIN tasks ON tasks.task_id = inbox.task_id
 JOIN replies ON replies.task_id = inbox.task_id
 WHERE inbox.received_at < :cutoff
+  AND (CAST(:task_id AS TEXT) IS NULL OR inbox.task_id = :task_id)
   AND tasks.state IN ('done', 'failed', 'cancelled', 'expired', 'hop_limit')
   AND replies.state = 'sent'
   AND NOT EXISTS (
@@ -182,6 +190,7 @@ WHERE inbox.received_at < :cutoff
         AND stream_positions.seq > streams.watermark)
 ORDER BY inbox.received_at
 LIMIT :limit
+{skip_locked}
 
 -- name: published_read
 -- A setting the store publishes (the retention period), with the longer period it still
