@@ -391,14 +391,17 @@ def resume(tx: Tx, settings: Settings, address: WaitAddress,
                        f"such wait")
     if row["consumed_at"] is not None:
         return _resumption(ResumeResult.REPLAY, address, row["kind"], row["effect_task_id"])
-    follow_up = (None if effect is None
-                 else _follow_up(tx, settings, address, effect, row["wait_task_id"]))
+    # Consume first: a resumer that lost the race reports a replay, before it looks for a
+    # parent that a prune may forget once the winner's consumption commits. (A bad effect
+    # raises below and rolls the consumption back.)
     if tx.one("continuation_consume", now=tx.now, **where) is None:
         # Consumed meanwhile (only where writers run concurrently): report that consumption.
         again = tx.one("continuation_get", **where)
         assert again is not None
         return _resumption(ResumeResult.REPLAY, address, again["kind"],
                            again["effect_task_id"])
+    follow_up = (None if effect is None
+                 else _follow_up(tx, settings, address, effect, row["wait_task_id"]))
     faults.hit(_AFTER_CONSUME)
     task_id = None
     if follow_up is not None:

@@ -479,11 +479,13 @@ class Store:
         cutoff = tx.now - (published.at(tx.now) if published is not None else self.retention)
         candidates = tx.all("tasks_prunable", cutoff=cutoff, task_id=None,
                             limit=self._settings.sweep_limit)
-        # The candidates are locked now, but on PostgreSQL they were chosen from a snapshot
-        # taken before the locks: a wait attached to one, or a position received for it,
-        # that committed meanwhile is seen only by a new statement. Ask again, one by one.
-        rows = [row for row in candidates
-                if tx.one("tasks_prunable", cutoff=cutoff, task_id=row["task_id"], limit=1)]
+        rows = candidates
+        if self._db.dialect.chooses_before_locking:
+            # Locked now, but chosen from a snapshot taken before the locks: a wait attached
+            # to one, or a position received for it, that committed meanwhile is seen only
+            # by a new statement. Ask again, one by one.
+            rows = [row for row in candidates
+                    if tx.one("tasks_prunable", cutoff=cutoff, task_id=row["task_id"], limit=1)]
         if rows:
             # A claim on a pruned task (reply) may still be held: keep its fence from coming
             # back on a new one with the same identity.

@@ -44,6 +44,10 @@ class Dialect(ABC):
     fragments: ClassVar[Mapping[str, str]]
     #: The driver's base exception class, translated at the boundary.
     driver_error: ClassVar[type[BaseException]]
+    #: Whether a statement that locks rows may have chosen them from a snapshot older than
+    #: its locks (PostgreSQL's READ COMMITTED), so that what it chose must be asked again; not
+    #: where one writer runs at a time (SQLite).
+    chooses_before_locking: ClassVar[bool] = False
 
     @cached_property
     def queries(self) -> QuerySet:

@@ -239,6 +239,7 @@ class PostgresDialect(Dialect):
         "server_time": "CAST(extract(epoch FROM clock_timestamp()) AS DOUBLE PRECISION)",
     }
     driver_error: ClassVar[type[BaseException]] = psycopg.Error
+    chooses_before_locking: ClassVar[bool] = True
 
     def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8,
                  connect_timeout: float = 10.0, idle_in_transaction_timeout: float = 60.0,
