@@ -511,8 +511,9 @@ class Store:
 
         The period is the store's promise to every sender, so this is an operator's decision
         (``postroom init URL --retention SECONDS``): pruning in every process follows it from
-        its next transaction. A promise already made holds: after a shortening, what was
-        received until now keeps the longer period (see ``transitions.change_retention``).
+        its next transaction. A promise already made holds: after a shortening, pruning keeps
+        the longer period until what was received before has had it (see
+        ``transitions.change_retention``).
         """
         value = check_retention(seconds)
 
