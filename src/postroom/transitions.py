@@ -95,12 +95,16 @@ class Retention:
     floor_value: float | None = None
     floor_until: float | None = None
 
+    def floor(self, now: float) -> tuple[float, float] | None:
+        """The longer period still honoured at ``now`` and its end, or ``None``."""
+        if self.floor_value is None or self.floor_until is None or now >= self.floor_until:
+            return None
+        return self.floor_value, self.floor_until
+
     def at(self, now: float) -> float:
         """The period pruning keeps identities for at ``now``."""
-        if self.floor_value is not None and self.floor_until is not None \
-                and now < self.floor_until:
-            return max(self.value, self.floor_value)
-        return self.value
+        running = self.floor(now)
+        return self.value if running is None else max(self.value, running[0])
 
 
 #: Seconds a floor outlasts ``now + period``: a message stored while the change was being
@@ -120,10 +124,8 @@ def change_retention(current: Retention | None, value: float, now: float, *,
     """
     if current is None:
         return Retention(value)
-    running = (current.floor_value is not None and current.floor_until is not None
-               and now < current.floor_until)
-    floor_value = current.floor_value if running else None
-    floor_until = current.floor_until if running else None
+    running = current.floor(now)
+    floor_value, floor_until = running if running is not None else (None, None)
     if value < current.value:
         floor_value = max(current.value, floor_value or 0.0)
         floor_until = max(now + current.value + margin, floor_until or now)

@@ -613,8 +613,8 @@ def describe(database: Database, settings: Settings, *, settings_from: str) -> d
     if retention is None:
         found["warnings"].append("no retention period is published yet: the store's next "
                                  "opener publishes one")
-    elif retention.at(found["now"]) > retention.value:
-        honoured = {"seconds": retention.floor_value, "until": retention.floor_until}
+    elif (running := retention.floor(found["now"])) is not None and running[0] > retention.value:
+        honoured = {"seconds": running[0], "until": running[1]}
     return {
         "dialect": database.dialect.name,
         "schema_version": database.schema_version("store"),
