@@ -326,9 +326,9 @@ def _cancel(ctx: Context, task_id: str) -> bool:
     return _store(ctx).cancel(task_id)
 
 
-@step("reconcile")
-def _reconcile(ctx: Context) -> postroom.Reconciled:
-    return _store(ctx).reconcile()
+@step("sweep")
+def _sweep(ctx: Context) -> postroom.Swept:
+    return _store(ctx).sweep()
 
 
 @step("dispatch")

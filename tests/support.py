@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import postroom
+from postroom.db import Database
 
 #: The manual clock's starting time in every test.
 START = 1_000_000.0
@@ -21,9 +22,18 @@ def envelope(message_id: str = "m-1", **fields: object) -> postroom.Envelope:
     return postroom.Envelope(**values)  # type: ignore[arg-type]
 
 
+def database_of(holder: postroom.Store | postroom.Receiver) -> Database:
+    """The database under a store or receiver, for tests that look at what it holds.
+
+    The product offers no such hatch: tests reach in here, in one place.
+    """
+    database: Database = holder._db
+    return database
+
+
 def latest_schema(store: postroom.Store, component: str = "store") -> int:
     """The newest schema version this postroom ships for ``component`` on the store's dialect."""
-    return store.database.dialect.migrations(component)[-1][0]
+    return database_of(store).dialect.migrations(component)[-1][0]
 
 
 def analyze(store: postroom.Store) -> None:
@@ -32,7 +42,7 @@ def analyze(store: postroom.Store) -> None:
     On PostgreSQL a bare ANALYZE would visit every schema of the shared tests' database,
     and deadlock with another test process dropping its schema.
     """
-    dialect = store.database.dialect
+    dialect = database_of(store).dialect
     with dialect.connection() as conn:
         if dialect.name == "sqlite":
             dialect.execute(conn, "ANALYZE", ())

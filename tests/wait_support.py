@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import postroom
-from tests.support import START, envelope
+from tests.support import START, database_of, envelope
 
 FLOW, STEP = "case-a", "details"
 ALICE = postroom.AuthContext(principal="alice")
@@ -27,7 +27,7 @@ _TABLES = {
 def snapshot(store: postroom.Store) -> dict[str, list[dict[str, Any]]]:
     """Every row of every table a wait operation writes, as plain data."""
     found = {}
-    with store.database.read() as tx:
+    with database_of(store).reading() as tx:
         for table, order in _TABLES.items():
             cursor = tx.execute(f"SELECT * FROM {table} ORDER BY {order}")
             found[table] = [dict(row) for row in cursor.fetchall()]

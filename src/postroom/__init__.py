@@ -18,6 +18,7 @@ effect; every state is explained by durable records.
 """
 
 from postroom.clock import Clock, ManualClock, SystemClock
+from postroom.db.wakeups import Waiter
 from postroom.errors import (
     BatchFailed,
     Conflict,
@@ -52,7 +53,7 @@ from postroom.models import (
     Outgoing,
     Position,
     ReceiverAck,
-    Reconciled,
+    Swept,
     Reply,
     ReplyClaim,
     ReplyState,
@@ -69,8 +70,7 @@ from postroom.models import (
 )
 from postroom.receiver import Receiver
 from postroom.settings import ExponentialBackoff, FixedBackoff, Settings
-from postroom.store.core import Store, open_store
-from postroom.store.wakeups import Waiter
+from postroom.store import Store, open_store
 from postroom.transports import InProcessTransport, Transport
 from postroom.validation import Limits
 
@@ -110,7 +110,7 @@ __all__ = [
     "PostroomError",
     "Receiver",
     "ReceiverAck",
-    "Reconciled",
+    "Swept",
     "Reply",
     "ReplyClaim",
     "ReplyState",

@@ -11,11 +11,11 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from postroom.db import Database, dialect_for_url, redacted_url
+from postroom.db.dialect import Row
 from postroom.errors import PostroomError
 from postroom.models import TaskState
 from postroom.settings import DELIVERY_BUDGETS
-from postroom.store import Database, dialect_for_url, redacted_url
-from postroom.store.dialect import Row
 from postroom.transitions import reply_content, reply_id_for
 from postroom.validation import canonical_json, fingerprint, task_id_for
 
@@ -74,7 +74,7 @@ def audit_database(database: Database) -> list[Violation]:
     if not components:
         return violations or [Violation("schema", "database", "no postroom schema found")]
     queries = database.dialect.queries
-    with database.read() as tx:
+    with database.reading() as tx:
         for component in components:
             prefix = f"audit_{component}_"
             for name in queries:

@@ -12,12 +12,17 @@ from typing import Any
 
 import click
 
-from bench.runner import SCENARIOS
-from bench.scenarios.postgres import DEFAULT_URL as DEFAULT_PG_URL
 from postroom.audit import audit_url
 from postroom.errors import InvalidInput
 
 __all__ = ["main"]
+
+#: ``postroom bench --only`` names, in the order they run, and the default ``--pg-url``.
+#: Written here so that ``postroom --help`` imports no benchmark module; a test holds them
+#: to ``postroom._bench``'s own.
+BENCH_SCENARIOS = ("claim", "single", "batched", "commit-cost", "signals", "pg-claim", "pg-e2e",
+                   "pg-latency")
+DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
 class _CannotRun(click.ClickException):
@@ -28,7 +33,7 @@ def _terminated(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-class _Group(click.Group):
+class CommandGroup(click.Group):
     """A postroom error (or a file system one) ends a command with one line on stderr and
     exit code 2.
 
@@ -56,7 +61,7 @@ class _Group(click.Group):
             raise _CannotRun(f"{type(exc).__name__}: {exc}") from exc
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=CommandGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="postroom")
 def main() -> None:
     """postroom: durable coordination for multi-agent systems."""
@@ -103,9 +108,9 @@ def init(url: str, retention: float | None) -> None:
     when it opens the store. After a shortening, what the store received until then keeps
     the longer period ("earlier_retention_honoured").
     """
+    from postroom.db import redacted_url
     from postroom.settings import Settings, check_retention
-    from postroom.store import redacted_url
-    from postroom.store.core import open_store
+    from postroom.store import open_store
 
     wanted = None if retention is None else check_retention(retention)
     previous: float | None = None
@@ -138,7 +143,7 @@ def info(url: str) -> None:
     with are its own.
     Nothing is created, upgraded or written: a store of another schema version is refused.
     """
-    from postroom.store.core import inspect_store
+    from postroom.store import inspect_store
 
     click.echo(json.dumps(inspect_store(url), indent=2, sort_keys=True))
 
@@ -150,7 +155,7 @@ def audit(urls: tuple[str, ...]) -> None:
 
     Exits 1 and names every violation found; prints "clean" otherwise.
     """
-    from postroom.store import redacted_url
+    from postroom.db import redacted_url
 
     failed = False
     for url in urls:
@@ -167,40 +172,9 @@ def audit(urls: tuple[str, ...]) -> None:
 
 
 @main.command()
-@click.argument("url")
-@click.option("--receiver", "receiver_url", default=None, metavar="URL",
-              help="The receiver's database (default: the store's).")
-@click.option("--tasks", default=10_000, show_default=True, type=click.IntRange(1, 10_000_000),
-              help="Tasks to drain.")
-@click.option("--workers", default=8, show_default=True, type=click.IntRange(1, 256),
-              help="Worker processes.")
-@click.option("--dispatchers", default=2, show_default=True, type=click.IntRange(1, 64),
-              help="Dispatcher processes.")
-@click.option("--kill-every", default=0.5, show_default=True,
-              help="Mean seconds between SIGKILLs of a random process (0: none).")
-@click.option("--lease", default=2.0, show_default=True, help="Lease seconds (tasks, replies).")
-@click.option("--seed", default=0, show_default=True, help="Seed of the kill schedule.")
-@click.option("--timeout", default=900.0, show_default=True, help="Give up after seconds.")
-def drain(url: str, receiver_url: str | None, **options: Any) -> None:
-    """Drain a queue with worker processes that are SIGKILLed at random.
-
-    URL must hold an empty store (SQLite or PostgreSQL). Every process has its own
-    connections, as separate hosts would. Exits 1 unless every task ends terminal, every
-    reply is sent, the receiver has exactly one effect per task and the audit is clean.
-    """
-    from postroom.drain import run_drain
-
-    report = run_drain(url, receiver_url, echo=lambda line: click.echo(line, err=True),
-                       **options)
-    click.echo(json.dumps(report.summary(), indent=2, sort_keys=True))
-    if report.problems:
-        sys.exit(1)
-
-
-@main.command()
 @click.option("--quick", is_flag=True,
               help="Small sizes, well under a minute: a smoke run, not figures to publish.")
-@click.option("--only", multiple=True, type=click.Choice(list(SCENARIOS)),
+@click.option("--only", multiple=True, type=click.Choice(BENCH_SCENARIOS),
               help="Run only this scenario (repeatable); the raw baseline always runs.")
 @click.option("--dir", "folder", type=click.Path(file_okay=False, exists=True, path_type=Path),
               default=None, help="Where the temporary databases go (on disk, not tmpfs; "
@@ -222,10 +196,10 @@ def bench(quick: bool, only: tuple[str, ...], folder: Path | None,
     BEGIN IMMEDIATE transaction, on the same file system. The pg-* scenarios run on the
     PostgreSQL server at --pg-url.
     """
-    from bench import report
-    from bench.context import FULL, QUICK
-    from bench.runner import default_folder, run_bench
-    from bench.scenarios.postgres import public_url
+    from postroom._bench import report
+    from postroom._bench.context import FULL, QUICK
+    from postroom._bench.runner import default_folder, run_bench
+    from postroom._bench.scenarios.postgres import public_url
 
     if results is not None and not results.parent.is_dir():
         # Found out before the minutes of measuring, not after.
@@ -251,86 +225,3 @@ def bench(quick: bool, only: tuple[str, ...], folder: Path | None,
         report.write(outcome, results)
         click.echo(f"wrote {results}", err=True)
     click.echo(json.dumps(outcome, indent=2))
-
-
-@main.command("random-audit")
-@click.option("--seeds", default=50, show_default=True, type=click.IntRange(min=0),
-              help="Seeds to run; each is a fresh store and receiver.")
-@click.option("--ops", default=500, show_default=True, type=click.IntRange(min=1),
-              help="Operations per seed, each followed by every check.")
-@click.option("--rounds", default=40, show_default=True, type=click.IntRange(min=0),
-              help="Multi-process rounds on one shared store.")
-@click.option("--processes", default=8, show_default=True, type=click.IntRange(1, 64),
-              help="Processes per round, released together; some are SIGKILLed.")
-@click.option("--wait-rounds", default=40, show_default=True, type=click.IntRange(min=0),
-              help="Multi-process wait rounds: contested registrations, signals, deadlines "
-                   "and resumes, exactly one winner each.")
-@click.option("--wait-processes", default=12, show_default=True, type=click.IntRange(1, 64),
-              help="Processes per wait round, released together; some are SIGKILLed.")
-@click.option("--first-seed", default=0, show_default=True, type=click.IntRange(min=0),
-              help="Seeds run from this one upwards (to reproduce a reported seed).")
-@click.option("--folder", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Keep the databases here for inspection (default: a temporary folder).")
-def random_audit(*, seeds: int, ops: int, rounds: int, processes: int, wait_rounds: int,
-                 wait_processes: int, first_seed: int, folder: Path | None) -> None:
-    """Run mixed random operations with crashes over many seeds, then multi-process rounds
-    of tasks, then multi-process rounds of waits.
-
-    The SPEC §8 invariants and the cross-step checks run after every operation and round.
-    Prints a JSON summary; exits 1 if anything was violated, naming the seed, step and
-    operation (or the round).
-    """
-    from postroom.simulation import random_audit as run
-
-    if folder is not None and folder.is_dir() and any(folder.iterdir()):
-        # An earlier run's databases would meet this run's operations and fail it for
-        # reasons of their own.
-        raise click.BadParameter("must be a new or empty folder", param_hint="'--folder'")
-    with click.progressbar(length=seeds * ops + rounds + wait_rounds, label="random audit",
-                           file=sys.stderr) as bar:
-        summary = run(seeds=seeds, ops=ops, rounds=rounds, processes=processes,
-                      wait_rounds=wait_rounds, wait_processes=wait_processes,
-                      first_seed=first_seed, folder=folder, progress=bar.update)
-    report = summary.to_dict()
-    click.echo(json.dumps(report, indent=2))
-    if report["violations"]:
-        sys.exit(1)
-
-
-@main.command()
-@click.option("--check", "check_", is_flag=True,
-              help="Compare every step with its expectation; exit 1 on any difference.")
-@click.option("--file", "path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Run another scenario file instead of the packaged scenarios.json.")
-def scenarios(check_: bool, path: Path | None) -> None:
-    """Run the wait scenario suite for real: databases, subprocesses, crashes.
-
-    Every case runs on a new database with the audit after every step. Without --check,
-    prints what each step did (JSON); with --check, compares it with the frozen
-    expectations and checks that every wait fault point has a crash case.
-    """
-    from postroom import scenarios as suite
-
-    document = suite.load(path)
-    name = path.name if path is not None else "scenarios.json"
-
-    def progress(outcome: suite.Outcome) -> None:
-        if check_:
-            status = "ok  " if not outcome.mismatches else "FAIL"
-            click.echo(f"{status} {outcome.group}/{outcome.case} ({len(outcome.reports)} steps)")
-
-    outcomes = suite.run(document, progress=progress)
-    if not check_:
-        click.echo(json.dumps([{"group": o.group, "case": o.case, "reports": o.reports}
-                               for o in outcomes], indent=1, ensure_ascii=False))
-        return
-    problems = suite.check(document, outcomes)
-    for problem in problems:
-        click.echo(f"  {problem}")
-    groups = len(document["groups"])
-    steps = sum(len(o.reports) for o in outcomes)
-    if problems:
-        click.echo(f"FAIL: {len(problems)} differences from {name}")
-        sys.exit(1)
-    click.echo(f"PASS: {groups} scenario groups ({len(outcomes)} cases, {steps} steps) "
-               f"match {name}")

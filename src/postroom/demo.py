@@ -23,7 +23,7 @@ from postroom.models import AuthContext, Envelope
 from postroom.outbox import AFTER_REMOTE_COMMIT
 from postroom.receiver import Receiver
 from postroom.settings import FixedBackoff, Settings
-from postroom.store.core import Store
+from postroom.store import Store
 from postroom.transports import InProcessTransport
 
 __all__ = ["Checks", "run_demo"]

@@ -19,7 +19,7 @@ from pathlib import Path
 from postroom.clock import ManualClock
 from postroom.demo import _START, Checks
 from postroom.models import AuthContext, Envelope, FollowUp
-from postroom.store.core import Store
+from postroom.store import Store
 
 __all__ = ["run_waits_demo"]
 

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from postroom import transitions
+from postroom.db.database import Tx, Write
+from postroom.db.wakeups import REPLIES_CHANNEL
 from postroom.errors import (
     InvalidEnvelope,
     InvalidInput,
@@ -15,8 +17,6 @@ from postroom.errors import (
 )
 from postroom.models import Ack, AuthContext, Envelope, FollowUp, Position, TaskState
 from postroom.settings import Settings
-from postroom.store.database import Operation, Tx
-from postroom.store.wakeups import REPLIES_CHANNEL
 from postroom.transitions import ReplyContent, TaskDecision
 from postroom.validation import (
     FOLLOW_UP_NAMESPACES,
@@ -30,8 +30,8 @@ __all__ = ["RECEIVE", "RECEIVE_ATOMIC", "Parent", "authorize", "check", "check_f
            "check_position", "insert_replies", "insert_reply", "principal_of", "store_all",
            "store_message", "watermark"]
 
-RECEIVE = Operation("receive")
-RECEIVE_ATOMIC = Operation("receive_atomic")
+RECEIVE = Write("receive")
+RECEIVE_ATOMIC = Write("receive_atomic")
 
 _MAX_SEQ = 2**63 - 1
 
@@ -160,7 +160,7 @@ def store_all(tx: Tx, settings: Settings, items: Sequence[CheckedEnvelope]) -> l
     Raises ``NotAllApplied`` if any identity is already stored (or given twice):
     ``store_message`` item by item then tells duplicates from collisions.
     """
-    tx.run_all("inbox_insert", [_inbox(checked, tx.now) for checked in items])
+    tx.change_each("inbox_insert", [_inbox(checked, tx.now) for checked in items])
     _insert_tasks(tx, settings, items)
     return [Ack(task_id=checked.task_id, duplicate=False) for checked in items]
 
@@ -187,7 +187,7 @@ def _insert_tasks(tx: Tx, settings: Settings, items: Sequence[CheckedEnvelope]) 
     decided = [(checked, transitions.initial_state(
         checked.task_id, deadline=checked.deadline, hops=checked.hops,
         max_hops=settings.max_hops, now=now)) for checked in items]
-    tx.run_many("task_insert", [_task(checked, decision, now) for checked, decision in decided])
+    tx.change_many("task_insert", [_task(checked, decision, now) for checked, decision in decided])
     insert_replies(tx, settings, [(checked.task_id, decision.reply)
                                   for checked, decision in decided if decision.reply])
     for queue in dict.fromkeys(checked.queue for checked, decision in decided
@@ -204,7 +204,7 @@ def insert_replies(tx: Tx, settings: Settings,
                    replies: Sequence[tuple[str, ReplyContent]]) -> None:
     """Write the replies of tasks that just became terminal (``(task_id, reply)`` pairs)."""
     if replies:
-        tx.run_many("reply_insert", [
+        tx.change_many("reply_insert", [
             {"reply_id": reply.reply_id, "task_id": task_id, "status": reply.status.value,
              "body": reply.body, "fingerprint": reply.fingerprint,
              "budget": settings.delivery_budget, "now": tx.now} for task_id, reply in replies])
@@ -221,13 +221,13 @@ def _record_position(tx: Tx, checked: CheckedEnvelope, position: Position) -> No
                 f"stream {position.stream!r} position {position.seq}",
                 f"already holds task {holder['task_id']}, not {checked.task_id}")
         return
-    tx.run("stream_create", **key)
+    tx.change("stream_create", **key)
     current = tx.one("stream_watermark_locked", **key)
     stored = int(current["watermark"]) if current is not None else 0
     # Any position above the stored watermark recomputes the run, not only seq == stored + 1:
     # that also moves on a watermark left behind by versions without the lock above.
     if position.seq > stored:
-        tx.run("stream_advance", watermark=_contiguous(tx, key, stored), **key)
+        tx.change("stream_advance", watermark=_contiguous(tx, key, stored), **key)
 
 
 def _contiguous(tx: Tx, key: dict[str, str], stored: int) -> int:

@@ -24,7 +24,7 @@ __all__ = [
     "Outgoing",
     "Position",
     "ReceiverAck",
-    "Reconciled",
+    "Swept",
     "Reply",
     "ReplyClaim",
     "ReplyState",
@@ -353,7 +353,7 @@ class ReceiverAck:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Reconciled:
+class Swept:
     """What one bounded sweep changed."""
 
     leases_recovered: int = 0  # running -> pending

@@ -14,11 +14,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from postroom import faults, transitions
+from postroom.db.database import Tx, Write
+from postroom.db.wakeups import REPLIES_CHANNEL
 from postroom.errors import Fenced, NotFound
 from postroom.models import Outcome, ReplyClaim, ReplyState
 from postroom.settings import Settings
-from postroom.store.database import Operation, Tx
-from postroom.store.wakeups import REPLIES_CHANNEL
 from postroom.transitions import ReplyDecision
 
 __all__ = [
@@ -34,9 +34,9 @@ __all__ = [
     "sweep_replies",
 ]
 
-DISPATCH_CLAIM = Operation("dispatch.claim")
-DISPATCH_RECORD = Operation("dispatch.record")
-REQUEUE = Operation("requeue")
+DISPATCH_CLAIM = Write("dispatch.claim")
+DISPATCH_RECORD = Write("dispatch.record")
+REQUEUE = Write("requeue")
 
 BEFORE_REMOTE_COMMIT = faults.point(
     "delivery.before_remote_commit", "a reply is about to be handed to the receiver").name
@@ -62,7 +62,7 @@ def _owned(claim: ReplyClaim, decision: ReplyDecision, now: float) -> dict[str, 
 def _apply(tx: Tx, reply_id: str, decision: ReplyDecision, *, fence: int,
            from_state: ReplyState) -> bool:
     params = _params(reply_id, decision, fence=fence, now=tx.now)
-    return tx.run("reply_apply", from_state=from_state.value, **params) > 0
+    return tx.change("reply_apply", from_state=from_state.value, **params) > 0
 
 
 def sweep_replies(tx: Tx, settings: Settings) -> tuple[int, int]:
@@ -96,7 +96,7 @@ def record(tx: Tx, claim: ReplyClaim, outcome: Outcome, *, delay: float) -> Repl
     """Record one delivery outcome; ``Fenced`` if another publisher took the reply over."""
     decision = transitions.delivery(outcome.kind, detail=outcome.detail, attempt=claim.attempt,
                                     budget=claim.budget, now=tx.now, delay=delay)
-    if not tx.run("reply_apply_owned", **_owned(claim, decision, tx.now)):
+    if not tx.change("reply_apply_owned", **_owned(claim, decision, tx.now)):
         raise _fenced(tx, claim)
     return decision.to_state
 
@@ -128,7 +128,7 @@ def record_all(tx: Tx, items: Sequence[tuple[ReplyClaim, Outcome, float]]) -> li
     decisions = [transitions.delivery(outcome.kind, detail=outcome.detail,
                                       attempt=claim.attempt, budget=claim.budget, now=now,
                                       delay=delay) for claim, outcome, delay in items]
-    tx.run_all("reply_apply_owned", [
+    tx.change_each("reply_apply_owned", [
         _owned(claim, decision, now)
         for (claim, _, _), decision in zip(items, decisions, strict=True)])
     return [decision.to_state for decision in decisions]
@@ -142,9 +142,9 @@ def requeue(tx: Tx, reply_id: str, *, operator: str, reason: str) -> None:
     if row["state"] != ReplyState.DEAD:
         raise Fenced(f"reply {reply_id}", f"only a dead reply can be requeued; it is "
                                           f"{row['state']}")
-    tx.run("requeue_insert", reply_id=reply_id, operator=operator, reason=reason, now=tx.now,
+    tx.change("requeue_insert", reply_id=reply_id, operator=operator, reason=reason, now=tx.now,
            previous_attempts=int(row["attempts"]), previous_error=row["last_error"])
-    if not tx.run("reply_requeue", reply_id=reply_id, now=tx.now):
+    if not tx.change("reply_requeue", reply_id=reply_id, now=tx.now):
         raise Fenced(f"reply {reply_id}", "changed while being requeued")
     tx.notify(REPLIES_CHANNEL)
 

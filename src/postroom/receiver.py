@@ -13,15 +13,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from postroom.clock import Clock
+from postroom.db import Database, Tx, Write, dialect_for_url
 from postroom.errors import InvalidInput, PayloadCollision
 from postroom.models import Outcome, Outgoing, ReceiverAck
-from postroom.store import Database, Operation, Tx, dialect_for_url
 from postroom.transitions import reply_id_for
 from postroom.validation import canonical_json, fingerprint
 
 __all__ = ["ACCEPT", "Effect", "Receiver"]
 
-ACCEPT = Operation("receiver.accept")
+ACCEPT = Write("receiver.accept")
 
 #: A business effect: called inside the receipt's transaction with the transaction (for
 #: ``tx.execute``) and the parsed reply body. Raising rolls back the receipt too.
@@ -62,7 +62,7 @@ class Receiver:
 
         Effects apply in the batch's order.
         """
-        return self._db.run(ACCEPT, lambda tx: self._accept_all(tx, replies))
+        return self._db.write(ACCEPT, lambda tx: self._accept_all(tx, replies))
 
     def _accept_all(self, tx: Tx, replies: Sequence[Outgoing]) -> list[Outcome]:
         outcomes: dict[int, Outcome] = {}
@@ -81,7 +81,7 @@ class Receiver:
             else:
                 documents[index] = document
         for index, document in sorted(documents.items()):
-            tx.run("effect_insert", **_effect(replies[index], document, tx.now))
+            tx.change("effect_insert", **_effect(replies[index], document, tx.now))
             if self._effect is not None:
                 self._effect(tx, document)
             outcomes[index] = Outcome.delivered()
@@ -101,23 +101,18 @@ class Receiver:
 
     def receipt(self, reply_id: str) -> dict[str, Any] | None:
         """The stored receipt of ``reply_id``, or ``None``."""
-        row = self._db.read_run(lambda tx: tx.one("receipt_get", reply_id=reply_id))
+        row = self._db.read(lambda tx: tx.one("receipt_get", reply_id=reply_id))
         return dict(row) if row is not None else None
 
     def effect_count(self, reply_id: str) -> int:
         """How many business effects ``reply_id`` has had (never more than one)."""
-        row = self._db.read_run(lambda tx: tx.one("effect_count", reply_id=reply_id))
+        row = self._db.read(lambda tx: tx.one("effect_count", reply_id=reply_id))
         return int(row["n"]) if row is not None else 0
 
     def effects_total(self) -> int:
         """How many business effects there are in all."""
-        row = self._db.read_run(lambda tx: tx.one("effects_total"))
+        row = self._db.read(lambda tx: tx.one("effects_total"))
         return int(row["n"]) if row is not None else 0
-
-    @property
-    def database(self) -> Database:
-        """The receiver's database (for audits and tests)."""
-        return self._db
 
     def close(self) -> None:
         """Close the database."""

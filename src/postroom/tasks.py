@@ -12,11 +12,11 @@ from dataclasses import replace
 from typing import Any
 
 from postroom import transitions
+from postroom.db.database import Tx, Write
 from postroom.errors import Fenced, NotFound
 from postroom.inbox import insert_reply, store_message
 from postroom.models import Claim, TaskState
 from postroom.settings import Settings
-from postroom.store.database import Operation, Tx
 from postroom.transitions import TaskDecision
 from postroom.validation import CheckedEnvelope
 
@@ -25,7 +25,7 @@ __all__ = [
     "CLAIM",
     "FAIL",
     "FINISH",
-    "RECONCILE",
+    "SWEEP",
     "RENEW",
     "SweepCounts",
     "apply",
@@ -38,16 +38,16 @@ __all__ = [
     "sweep",
 ]
 
-CLAIM = Operation("claim")
-RENEW = Operation("renew")
-FINISH = Operation("finish")
-FAIL = Operation("fail")
-CANCEL = Operation("cancel")
-RECONCILE = Operation("reconcile")
+CLAIM = Write("claim")
+RENEW = Write("renew")
+FINISH = Write("finish")
+FAIL = Write("fail")
+CANCEL = Write("cancel")
+SWEEP = Write("sweep")
 
 
 class SweepCounts:
-    """Mutable tallies of one sweep (folded into ``Reconciled`` by the store)."""
+    """Mutable tallies of one sweep (folded into ``Swept`` by the store)."""
 
     __slots__ = ("deadlines_expired", "exhausted", "recovered")
 
@@ -64,7 +64,7 @@ def apply(tx: Tx, settings: Settings, task_id: str, decision: TaskDecision, *,
     Writes the reply in the same transaction when the decision is terminal. Returns whether
     the guarded update matched.
     """
-    changed = tx.run("task_apply", task_id=task_id, from_state=from_state.value, fence=fence,
+    changed = tx.change("task_apply", task_id=task_id, from_state=from_state.value, fence=fence,
                      to_state=decision.to_state.value, owner=None, lease_until=None,
                      available_at=decision.available_at, result=decision.result,
                      last_error=decision.last_error, now=tx.now)
@@ -85,7 +85,7 @@ def _owned(claim: Claim, decision: TaskDecision, now: float) -> dict[str, Any]:
 
 
 def _apply_owned(tx: Tx, settings: Settings, claim: Claim, decision: TaskDecision) -> None:
-    if not tx.run("task_apply_owned", **_owned(claim, decision, tx.now)):
+    if not tx.change("task_apply_owned", **_owned(claim, decision, tx.now)):
         raise fenced(tx, claim)
     _after(tx, settings, claim.task_id, decision)
 
@@ -209,7 +209,7 @@ def finish_all(tx: Tx, settings: Settings, items: Sequence[tuple[Claim, str]]) -
     now = tx.now
     decisions = [(claim, transitions.finish(claim.task_id, result_json=result, now=now))
                  for claim, result in items]
-    tx.run_all("task_apply_owned", [_owned(claim, decision, now)
+    tx.change_each("task_apply_owned", [_owned(claim, decision, now)
                                     for claim, decision in decisions])
     for claim, decision in decisions:
         _after(tx, settings, claim.task_id, decision)

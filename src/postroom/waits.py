@@ -34,6 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from postroom import faults, transitions
+from postroom.db.database import Tx, Write
+from postroom.db.dialect import Row
 from postroom.errors import InvalidInput, NotFound, PayloadCollision, StoreError
 from postroom.inbox import Parent, authorize, check_follow_up, store_message
 from postroom.models import (
@@ -52,8 +54,6 @@ from postroom.models import (
     WaitState,
 )
 from postroom.settings import Settings
-from postroom.store.database import Operation, Tx
-from postroom.store.dialect import Row
 from postroom.transitions import WaitEnd
 from postroom.validation import (
     TASK_ID_BYTES,
@@ -91,11 +91,11 @@ __all__ = [
     "signal",
 ]
 
-OPEN_WAIT = Operation("open_wait")
-SIGNAL = Operation("signal")
-EXPIRE = Operation("expire")
-EXPIRE_DUE = Operation("expire_due")
-RESUME = Operation("resume")
+OPEN_WAIT = Write("open_wait")
+SIGNAL = Write("signal")
+EXPIRE = Write("expire")
+EXPIRE_DUE = Write("expire_due")
+RESUME = Write("resume")
 #: Every wait operation (each has its commit fault points, and some have seams).
 OPERATIONS = (OPEN_WAIT, SIGNAL, EXPIRE, EXPIRE_DUE, RESUME)
 
@@ -266,7 +266,7 @@ def open_wait(tx: Tx, request: OpenRequest) -> WaitOpening:
         # Another registration created the slot first (only where writers run concurrently,
         # and only for a new slot: an existing one is locked). Decide again on what it wrote.
         return open_wait(tx, request)
-    tx.run("wait_insert", deadline=request.deadline, task_id=request.task_id,
+    tx.change("wait_insert", deadline=request.deadline, task_id=request.task_id,
            request_id=request.request_id, now=tx.now, **slot)
     faults.hit(_AFTER_WAIT_INSERT)
     return WaitOpening(result=OpenResult.OPENED, flow=flow, step=step, generation=generation)
@@ -333,7 +333,7 @@ def _repeated(stored: Row, request: SignalRequest) -> SignalReceipt:
                          received_at=float(stored["received_at"]))
 
 
-def expire(tx: Tx, address: WaitAddress, *, op: Operation = EXPIRE) -> ExpireResult:
+def expire(tx: Tx, address: WaitAddress, *, op: Write = EXPIRE) -> ExpireResult:
     """Time the generation out if it is still waiting and its deadline has come."""
     _lock_slot(tx, address.flow, address.step)
     row = tx.one("wait_get", flow=address.flow, step=address.step,
@@ -370,7 +370,7 @@ def _end(tx: Tx, address: WaitAddress, end: WaitEnd, *, point: str, value: str |
               event_id=event[1], now=tx.now, **where) is None:
         raise StoreError(f"{address} stopped waiting while its slot was locked")
     faults.hit(point)
-    tx.run("continuation_insert", kind=end.continuation.value, value=value, now=tx.now,
+    tx.change("continuation_insert", kind=end.continuation.value, value=value, now=tx.now,
            **where)
 
 
@@ -411,7 +411,7 @@ def resume(tx: Tx, settings: Settings, address: WaitAddress,
                                    f"task {ack.task_id} already exists")
         task_id = ack.task_id
         faults.hit(_AFTER_FOLLOW_UP_INSERT)
-    tx.run("wait_effect_insert", kind="none" if task_id is None else "task", task_id=task_id,
+    tx.change("wait_effect_insert", kind="none" if task_id is None else "task", task_id=task_id,
            now=tx.now, **where)
     return _resumption(ResumeResult.RESUMED, address, row["kind"], task_id)
 

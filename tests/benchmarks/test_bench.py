@@ -21,8 +21,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from bench.report import render
-from bench.runner import SCENARIOS, default_folder
+from postroom._bench.report import render
+from postroom._bench.runner import SCENARIOS, default_folder
 from tests import pg
 from tests.conftest import require_postgres
 
@@ -278,8 +278,8 @@ def test_only_offers_every_registered_scenario():
 
 
 def test_a_dead_postgres_worker_process_fails_the_next_round_at_once():
-    from bench.context import BenchError
-    from bench.scenarios.postgres import _Swarm
+    from postroom._bench.context import BenchError
+    from postroom._bench.scenarios.postgres import _Swarm
 
     require_postgres()
     url = pg.create_schema("bench-swarm")

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 import postroom
-from bench import runner
-from bench.context import QUICK, Measurement, Rounds
-from bench.report import checkout_results
-from bench.runner import add_page_ceilings
-from bench.scenarios.commit_cost import PagedCommitLoop
-from bench.wal_frames import WalFrames
-from tests.support import envelope
+from postroom._bench import runner
+from postroom._bench.context import QUICK, Measurement, Rounds
+from postroom._bench.report import checkout_results
+from postroom._bench.runner import add_page_ceilings
+from postroom._bench.scenarios.commit_cost import PagedCommitLoop
+from postroom._bench.wal_frames import WalFrames
+from tests.support import database_of, envelope
 
 _HEADER = 32
 
@@ -51,12 +51,12 @@ def test_a_paged_commit_writes_one_wal_frame_per_page(tmp_path, page_size):
 def test_wal_frames_counts_what_a_block_commits_and_restores_checkpoints(tmp_path):
     with postroom.open_store(f"sqlite:///{tmp_path / 's.db'}") as store:
         auth = postroom.AuthContext(principal="planner")
-        with WalFrames([store.database]) as idle:
+        with WalFrames([database_of(store)]) as idle:
             pass
-        with WalFrames([store.database]) as one:
+        with WalFrames([database_of(store)]) as one:
             store.receive(auth, envelope("m-1", deadline=4_102_444_800))
         assert idle.frames == 0 and one.frames >= 2
-        with store.database.dialect.connection() as conn:
+        with database_of(store).dialect.connection() as conn:
             assert conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1000
         assert wal_frames(tmp_path / "s.db") == 0
 

@@ -1,15 +1,17 @@
-"""``postroom scenarios --check`` re-runs the frozen wait scenarios and fails on a difference."""
+"""``python -m tests.harness scenarios --check`` re-runs the frozen wait scenarios and fails on
+a difference."""
 
 from __future__ import annotations
 
 import json
 
-from postroom import faults, scenarios, waits
-from tests.cli.test_cli import run
+from postroom import faults, waits
+from tests.cli.test_harness import harness
+from tests.harness import scenarios
 
 
 def test_every_frozen_scenario_holds_when_run_for_real():
-    result = run("scenarios", "--check")
+    result = harness("scenarios", "--check")
     assert result.returncode == 0, result.stdout + result.stderr
     groups = len(scenarios.load()["groups"])
     assert f"PASS: {groups} scenario groups" in result.stdout
@@ -24,7 +26,7 @@ def test_a_wrong_expectation_fails_the_check_and_names_the_step(tmp_path):
     document["groups"] = [happy]
     path = tmp_path / "wrong.json"
     path.write_text(json.dumps(document), "utf-8")
-    result = run("scenarios", "--check", "--file", str(path))
+    result = harness("scenarios", "--check", "--file", str(path))
     assert result.returncode == 1
     assert 'happy_path/happy_path: step 3 (signal): expected {"result": "closed"' in result.stdout
 
@@ -50,7 +52,7 @@ def test_without_check_it_prints_what_each_step_did(tmp_path):
     document["groups"] = document["groups"][:1]
     path = tmp_path / "one.json"
     path.write_text(json.dumps(document), "utf-8")
-    result = run("scenarios", "--file", str(path))
+    result = harness("scenarios", "--file", str(path))
     assert result.returncode == 0
     [case] = json.loads(result.stdout)
     assert case["reports"][2] == {"result": "accepted", "received_at": 3}

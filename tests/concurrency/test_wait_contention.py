@@ -18,7 +18,7 @@ import postroom
 from postroom import ContinuationKind, WaitState
 from postroom.audit import audit_database
 from tests.processes import Answer, Child, release, release_each, spawn
-from tests.support import SETTINGS, START, envelope
+from tests.support import SETTINGS, START, database_of, envelope
 
 ROUNDS = int(os.environ.get("POSTROOM_CONTENTION_ROUNDS", "40"))
 PROCESSES = 8
@@ -83,7 +83,7 @@ def test_eight_registrations_of_the_same_generation_open_it_once(children, make_
         assert results == {"opened": 1, "stale": PROCESSES - 1}
         assert {a["generation"] for a in answers} == {expected + 1}
         assert store.wait(FLOW, STEP).state is WaitState.WAITING
-        assert audit_database(store.database) == []
+        assert audit_database(database_of(store)) == []
         store.close()
         tally.update(results)
     report("registrations", tally)
@@ -103,7 +103,7 @@ def test_eight_different_signals_to_one_wait_are_accepted_once(children, make_ur
             WaitState.SIGNALED, winner["principal"], winner["event_id"])
         [continuation] = store.continuations()
         assert continuation.value == int(str(winner["event_id"]).removeprefix("e-"))
-        assert audit_database(store.database) == []
+        assert audit_database(database_of(store)) == []
         store.close()
         tally.update(results)
     report("signals", tally)
@@ -123,7 +123,7 @@ def test_a_signal_at_the_deadline_racing_the_sweeper_always_times_out_once(child
         assert answered["too_late"] + swept == 1  # exactly one decided the timeout
         assert store.wait(FLOW, STEP).state is WaitState.TIMED_OUT
         assert [c.kind for c in store.continuations()] == [ContinuationKind.TIMEOUT]
-        assert audit_database(store.database) == []
+        assert audit_database(database_of(store)) == []
         store.close()
         tally.update(answered)
         tally["timed out by the sweeper"] += swept
@@ -144,7 +144,7 @@ def test_eight_resumes_of_one_continuation_apply_one_effect(children, make_url):
         follow_ups = {a["task_id"] for a in answers}
         assert len(follow_ups) == 1 and None not in follow_ups
         assert store.info()["tasks"] == {"pending": 2}  # the parent and one follow-up
-        assert audit_database(store.database) == []
+        assert audit_database(database_of(store)) == []
         store.close()
         tally.update(results)
     report("resumes", tally)

@@ -7,12 +7,12 @@ import pytest
 import postroom
 from postroom.audit import audit_database, audit_url
 from postroom.validation import fingerprint
-from tests.support import envelope
+from tests.support import database_of, envelope
 
 
 def corrupt(store: postroom.Store, sql: str) -> None:
     """Break the database behind the store's back (the store never writes like this)."""
-    dialect = store.database.dialect
+    dialect = database_of(store).dialect
     with dialect.connection() as conn:
         dialect.begin(conn, write=True)
         dialect.execute(conn, sql, ())
@@ -31,12 +31,12 @@ def busy_store(store, auth, transport, clock):
 
 
 def checks(store: postroom.Store) -> set[str]:
-    return {violation.check for violation in audit_database(store.database)}
+    return {violation.check for violation in audit_database(database_of(store))}
 
 
 def test_a_healthy_store_and_receiver_are_clean(busy_store, receiver):
-    assert audit_database(busy_store.database) == []
-    assert audit_database(receiver.database) == []
+    assert audit_database(database_of(busy_store)) == []
+    assert audit_database(database_of(receiver)) == []
 
 
 @pytest.mark.parametrize(("sql", "check"), [
@@ -73,17 +73,17 @@ def test_each_broken_invariant_is_named(busy_store, sql, check):
 def test_a_receiver_effect_without_its_receipt_is_named(receiver):
     body = '{"kind":"result","result":1,"status":"done","task_id":"t"}'
     receiver.accept("reply:t", body)
-    dialect = receiver.database.dialect
+    dialect = database_of(receiver).dialect
     with dialect.connection() as conn:
         dialect.begin(conn, write=True)
         dialect.execute(conn, "DELETE FROM receiver_receipts", ())
         dialect.commit(conn)
-    assert [v.check for v in audit_database(receiver.database)] == ["effect_without_receipt"]
+    assert [v.check for v in audit_database(database_of(receiver))] == ["effect_without_receipt"]
 
 
 def rewrite_receipts(receiver: postroom.Receiver, body: str) -> None:
     """Replace every receipt's body with ``body`` and a fingerprint that matches it."""
-    dialect = receiver.database.dialect
+    dialect = database_of(receiver).dialect
     with dialect.connection() as conn:
         dialect.begin(conn, write=True)
         dialect.execute(conn, f"UPDATE receiver_receipts SET body = '{body}', "
@@ -94,20 +94,20 @@ def rewrite_receipts(receiver: postroom.Receiver, body: str) -> None:
 def test_a_receipt_rewritten_consistently_is_named_by_its_effect(receiver):
     receiver.accept("reply:t", '{"kind":"result","result":1,"status":"done","task_id":"t"}')
     rewrite_receipts(receiver, '{"kind":"result","result":2,"status":"done","task_id":"t"}')
-    assert [v.check for v in audit_database(receiver.database)] == ["effect_content"]
+    assert [v.check for v in audit_database(database_of(receiver))] == ["effect_content"]
 
 
 def test_a_receipt_naming_another_task_than_its_reply_id_is_named(receiver):
     receiver.accept("reply:t", '{"kind":"result","result":1,"status":"done","task_id":"t"}')
     rewrite_receipts(receiver, '{"kind":"result","result":1,"status":"done","task_id":"u"}')
-    assert "receipt_identity" in {v.check for v in audit_database(receiver.database)}
+    assert "receipt_identity" in {v.check for v in audit_database(database_of(receiver))}
 
 
 def test_a_database_without_postroom_tables_is_reported(make_url):
     url = make_url("nothing")
     postroom.Receiver.open(url).close()
     with postroom.Receiver.open(url) as receiver:
-        dialect = receiver.database.dialect
+        dialect = database_of(receiver).dialect
         with dialect.connection() as conn:
             dialect.begin(conn, write=True)
             dialect.execute(conn, "DROP TABLE postroom_schema", ())

@@ -10,7 +10,7 @@ import math
 import pytest
 
 import postroom
-from postroom.drain import run_drain
+from tests.harness.drain import run_drain
 from tests.support import envelope
 
 

@@ -12,7 +12,7 @@ import postroom
 from postroom.transitions import FLOOR_MARGIN
 from postroom.validation import canonical_json, task_id_for
 from tests import pg
-from tests.support import START, envelope
+from tests.support import START, database_of, envelope
 
 
 def open_connections(url: str) -> int:
@@ -453,7 +453,7 @@ def test_a_bad_retention_is_refused_before_it_is_published(store, seconds):
 
 def test_info_shows_the_durability_settings_a_store_runs_with(store):
     durability = store.info()["durability"]
-    if store.database.dialect.name == "sqlite":
+    if database_of(store).dialect.name == "sqlite":
         assert durability == {"journal_mode": "wal", "synchronous": "full"}
     else:  # the server's own settings (tests/postgres checks the warnings they raise)
         assert set(durability) == {"fsync", "synchronous_commit", "full_page_writes",
@@ -462,7 +462,7 @@ def test_info_shows_the_durability_settings_a_store_runs_with(store):
 
 def test_info_warns_when_sqlite_commits_are_not_synced_in_full(tmp_path):
     with postroom.open_store(f"sqlite:///{tmp_path / 'store.db'}") as store:
-        store.database.dialect._conn.execute("PRAGMA synchronous = NORMAL")
+        database_of(store).dialect._conn.execute("PRAGMA synchronous = NORMAL")
         info = store.info()
     assert info["durability"]["synchronous"] == "normal"
     assert info["warnings"] == ["synchronous is normal: a power failure can lose commits "

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 import postroom
-from postroom.store import Database, dialect_for_url
+from postroom.db import Database, dialect_for_url
+from tests.support import database_of
 
 #: Describe a schema from the database's own catalog: tables, columns, indexes.
 SNAPSHOT = {
@@ -59,16 +60,16 @@ def test_an_upgraded_schema_equals_a_fresh_one(make_url, component):
 
 def test_migrating_twice_changes_nothing(db_url):
     with postroom.open_store(db_url) as store:
-        first = snapshot(store.database)
+        first = snapshot(database_of(store))
     with postroom.open_store(db_url) as store:
-        assert snapshot(store.database) == first
-        assert store.info()["schema_version"] == store.database.migrate("store")
+        assert snapshot(database_of(store)) == first
+        assert store.info()["schema_version"] == database_of(store).migrate("store")
 
 
 def test_a_schema_newer_than_the_code_is_refused(db_url):
     with postroom.open_store(db_url) as store:
-        store.database.migrate("store")
-        dialect = store.database.dialect
+        database_of(store).migrate("store")
+        dialect = database_of(store).dialect
         with dialect.connection() as conn:
             dialect.begin(conn, write=True)
             dialect.execute(conn, "UPDATE postroom_schema SET version = 99", ())

@@ -11,7 +11,7 @@ import postroom
 from postroom import Outcome, ReplyState, TaskState, faults
 from postroom.outbox import AFTER_REMOTE_COMMIT
 from postroom.validation import canonical_json
-from tests.support import envelope
+from tests.support import database_of, envelope
 
 
 class Scripted:
@@ -168,7 +168,7 @@ def test_record_deliveries_reports_a_stale_claim_and_records_the_others(store, a
 def test_an_expired_sending_lease_returns_the_reply_to_pending(store, done_task, clock):
     store.claim_replies("p1")
     clock.advance(store.settings.dispatch_lease)
-    report = store.reconcile()
+    report = store.sweep()
     assert report.deliveries_recovered == 1
     reply = store.reply(done_task)
     assert reply.state == ReplyState.PENDING and "outcome unknown" in reply.last_error
@@ -182,7 +182,7 @@ def test_an_expired_sending_lease_on_the_last_attempt_is_dead_outcome_unknown(
         store.finish(store.claim("w"), None)
         store.claim_replies("p1")
         clock.advance(settings.dispatch_lease)
-        assert store.reconcile().deliveries_dead == 1
+        assert store.sweep().deliveries_dead == 1
         reply = store.reply(task_id)
         assert reply.state == ReplyState.DEAD and "outcome unknown" in reply.last_error
 
@@ -278,8 +278,8 @@ def test_a_receiver_batch_records_receipts_in_reply_id_order_and_effects_in_batc
     with postroom.Receiver.open(make_url("receiver"),
                                 effect=lambda tx, document: seen.append(document)) as receiver:
         receiver.accept_batch([_outgoing(t, 1) for t in ("c", "a", "b")])
-        physical = "ctid" if receiver.database.dialect.name == "postgres" else "rowid"
-        with receiver.database.read() as tx:
+        physical = "ctid" if database_of(receiver).dialect.name == "postgres" else "rowid"
+        with database_of(receiver).reading() as tx:
             stored = [row["reply_id"] for row in tx.execute(
                 f"SELECT reply_id FROM receiver_receipts ORDER BY {physical}")]
     assert stored == ["reply:a", "reply:b", "reply:c"]

@@ -10,7 +10,7 @@ import re
 import pytest
 
 import postroom
-from tests.support import START, analyze, envelope
+from tests.support import START, analyze, database_of, envelope
 
 HOT_QUERIES = {
     "claim_tasks": {"queue": "default", "now": START, "limit": 1, "owner": "w",
@@ -66,7 +66,7 @@ def populated(store, auth):
 
 def explain(store: postroom.Store, name: str, params: dict[str, object]) -> list[str]:
     """The plan of the named query, as the store's database would run it."""
-    dialect = store.database.dialect
+    dialect = database_of(store).dialect
     with dialect.connection() as conn:
         lines = dialect.explain(conn, dialect.queries[name].sql, params)
     assert lines, "no plan"
@@ -76,12 +76,12 @@ def explain(store: postroom.Store, name: str, params: dict[str, object]) -> list
 @pytest.mark.parametrize("name", sorted(HOT_QUERIES))
 def test_hot_query_uses_an_index_not_a_scan_or_sort(populated, name):
     lines = explain(populated, name, HOT_QUERIES[name])
-    assert plan_problems(populated.database.dialect.name, lines) == [], "\n".join(lines)
+    assert plan_problems(database_of(populated).dialect.name, lines) == [], "\n".join(lines)
     assert any(INDEX[name] in line for line in lines), "\n".join(lines)
 
 
 def test_every_query_resolves_for_the_dialect(store):
-    queries = store.database.dialect.queries
+    queries = database_of(store).dialect.queries
     assert len(queries) > 40
     for query in queries.values():
         assert "{" not in query.sql, f"{query.name} has an unresolved fragment"
@@ -114,4 +114,4 @@ def test_an_owners_decision_never_walks_the_tasks_that_share_its_deadline(store,
               "available_at": START, "result": "null", "last_error": None, "now": START}
     lines = explain(store, "task_apply_owned", params)
     assert not any("tasks_live_deadlines" in line for line in lines), "\n".join(lines)
-    assert plan_problems(store.database.dialect.name, lines) == [], "\n".join(lines)
+    assert plan_problems(database_of(store).dialect.name, lines) == [], "\n".join(lines)

@@ -298,7 +298,7 @@ def test_a_follow_up_message_id_twice_is_refused(store, task_id):
 def test_decisions_ignore_a_clock_that_steps_backwards(store, task_id, clock):
     claim = store.claim("w1")
     clock.advance(store.settings.lease)
-    store.reconcile()  # the lease expired at the high-water time
+    store.sweep()  # the lease expired at the high-water time
     clock.set(START)  # the host clock steps back before the expiry
     with pytest.raises(postroom.Fenced):
         store.finish(claim, {})
@@ -341,12 +341,12 @@ def _stale_call(store: postroom.Store, call: str, claim: postroom.Claim) -> None
         store.fail(claim, "too slow")
 
 
-def test_reconcile_recovers_leases_and_expires_deadlines_without_claiming(store, auth, clock):
+def test_sweep_recovers_leases_and_expires_deadlines_without_claiming(store, auth, clock):
     running = store.receive(auth, envelope("run")).task_id
     store.claim("w1")
     late = store.receive(auth, envelope("late", deadline=START + 20)).task_id
     clock.advance(store.settings.lease)
-    report = store.reconcile()
+    report = store.sweep()
     assert (report.leases_recovered, report.deadlines_expired) == (1, 1)
     assert store.task(running).state == TaskState.PENDING
     assert store.task(late).state == TaskState.EXPIRED

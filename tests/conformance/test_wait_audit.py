@@ -7,7 +7,7 @@ import pytest
 import postroom
 from postroom import FollowUp, SignalResult
 from postroom.audit import audit_database
-from tests.support import START, envelope
+from tests.support import START, database_of, envelope
 
 ALICE = postroom.AuthContext(principal="alice")
 BOB = postroom.AuthContext(principal="bob")
@@ -41,7 +41,7 @@ def waits_store(store, auth, clock):
 
 def write_behind_its_back(store: postroom.Store, sql: str) -> None:
     """Try a write the store never makes; roll it back if the database refuses it."""
-    dialect = store.database.dialect
+    dialect = database_of(store).dialect
     with dialect.connection() as conn:
         dialect.begin(conn, write=True)
         try:
@@ -53,11 +53,11 @@ def write_behind_its_back(store: postroom.Store, sql: str) -> None:
 
 
 def checks(store: postroom.Store) -> set[str]:
-    return {violation.check for violation in audit_database(store.database)}
+    return {violation.check for violation in audit_database(database_of(store))}
 
 
 def test_a_store_with_every_wait_outcome_is_clean(waits_store):
-    assert audit_database(waits_store.database) == []
+    assert audit_database(database_of(waits_store)) == []
 
 
 @pytest.mark.parametrize(("sql", "check"), [
@@ -123,4 +123,4 @@ def test_each_broken_wait_invariant_is_named(waits_store, sql, check):
 def test_the_keys_refuse_a_second_outcome_continuation_or_effect(waits_store, sql):
     with pytest.raises(Exception, match=r"(?i)unique|constraint|foreign key"):
         write_behind_its_back(waits_store, sql)
-    assert audit_database(waits_store.database) == []
+    assert audit_database(database_of(waits_store)) == []

@@ -12,6 +12,7 @@ import pytest
 import postroom
 from postroom import faults
 from postroom.audit import audit_database
+from tests.support import database_of
 from tests.wait_support import OPERATIONS, snapshot, wait_points
 
 
@@ -54,10 +55,10 @@ def test_a_failure_at_a_wait_fault_point_leaves_all_or_nothing(make_url, point):
         operation.call(store)
     committed = point.endswith(".after_commit")
     assert snapshot(store) == (expected if committed else before)
-    assert audit_database(store.database) == []
+    assert audit_database(database_of(store)) == []
 
     retry = operation.call(store)
     assert retry == (operation.retried(expected_answer) if committed else expected_answer)
     assert snapshot(store) == expected
-    assert audit_database(store.database) == []
+    assert audit_database(database_of(store)) == []
     store.close()

@@ -9,10 +9,10 @@ import pytest
 
 import postroom
 from postroom import waits
-from postroom.store import Operation, Tx
+from postroom.db import Tx, Write
 from tests.conformance.test_plans import PG_SORT, explain
 from tests.conftest import UrlFactory, backends, require_postgres
-from tests.support import SETTINGS, START, analyze
+from tests.support import SETTINGS, START, analyze, database_of
 
 TABLES = ("waits", "wait_slots", "wait_receipts", "wait_continuations", "wait_effects")
 # Partial indexes that hold only the rows a sweep wants: walking their head in order is the
@@ -51,10 +51,10 @@ def plan_problems(dialect: str, lines: list[str]) -> list[str]:
 WAITS = {"sqlite": 240, "postgres": 6000}
 
 
-def in_batches(store: postroom.Store, op: Operation, calls: list[Callable[[Tx], object]]) -> None:
+def in_batches(store: postroom.Store, op: Write, calls: list[Callable[[Tx], object]]) -> None:
     """Apply the rule functions ``calls``, 500 per transaction (building data, fast)."""
     for start in range(0, len(calls), 500):
-        store.database.run(op, lambda tx, chunk=calls[start:start + 500]: [
+        database_of(store).write(op, lambda tx, chunk=calls[start:start + 500]: [
             call(tx) for call in chunk])
 
 
@@ -73,7 +73,7 @@ def populated(request, tmp_path_factory):
 def _populate(store: postroom.Store) -> postroom.Store:
     settings = store.settings
     alice = postroom.AuthContext(principal="alice")
-    count = WAITS[store.database.dialect.name]
+    count = WAITS[database_of(store).dialect.name]
     in_batches(store, waits.OPEN_WAIT, [
         lambda tx, index=index: waits.open_wait(tx, waits.check_open(
             settings, flow="f", step=f"s-{index}", expected_generation=0,
@@ -95,4 +95,4 @@ def _populate(store: postroom.Store) -> postroom.Store:
 @pytest.mark.parametrize("name", sorted(HOT_QUERIES))
 def test_wait_query_uses_an_index_not_a_scan_or_sort(populated, name):
     lines = explain(populated, name, HOT_QUERIES[name])
-    assert plan_problems(populated.database.dialect.name, lines) == [], "\n".join(lines)
+    assert plan_problems(database_of(populated).dialect.name, lines) == [], "\n".join(lines)

@@ -16,7 +16,7 @@ from postroom import (
     WaitState,
 )
 from postroom.audit import audit_database
-from tests.support import START, envelope
+from tests.support import START, database_of, envelope
 
 FLOW, STEP = "case-a", "details"
 ALICE = postroom.AuthContext(principal="alice")
@@ -475,4 +475,4 @@ def test_pruning_a_finished_follow_up_leaves_the_wait_audit_clean(db_url, clock,
         assert store.prune() == 2  # the asking task and its follow-up
         with pytest.raises(postroom.NotFound):
             store.task(str(follow_up.task_id))
-        assert audit_database(store.database) == []
+        assert audit_database(database_of(store)) == []

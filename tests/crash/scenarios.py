@@ -8,7 +8,7 @@
 - ``check(world)`` -- what the reopened databases show: before a commit nothing of the
   operation (``left_nothing``), after it all of it (``left_everything``);
 - ``retry(world)`` -- what the real caller does next (send the same message again, retry with
-  the same claim, or restart and reconcile when the claim died with the process), driving the
+  the same claim, or restart and sweep when the claim died with the process), driving the
   task to the end; then ``converged(world)``.
 
 Another suite keeps its own table for its own operations (``tests/crash/wait_scenarios.py``),
@@ -26,9 +26,9 @@ import pytest
 import postroom
 from postroom import Fenced, NotFound, Outcome, ReplyState, TaskState
 from postroom.audit import audit_url
+from postroom.db import Database, dialect_for_url
 from postroom.settings import DEFAULT_RETENTION
-from postroom.store import Database, dialect_for_url
-from postroom.store.core import inspect_store
+from postroom.store import inspect_store
 from postroom.transitions import FLOOR_MARGIN, reply_id_for
 from tests.crash.world import AUTH, RESULT, Refusing, World, task_id
 from tests.support import SETTINGS, START, envelope, latest_schema
@@ -207,7 +207,7 @@ class Renew(CommitCrash):
 
     def retry(self, world: World) -> None:
         world.clock.set(START + LEASE)
-        assert world.store.reconcile().leases_recovered == (0 if self.committed else 1)
+        assert world.store.sweep().leases_recovered == (0 if self.committed else 1)
         if self.committed:
             world.recover()
         assert world.work().fence == 2
@@ -289,7 +289,7 @@ class Cancel(CommitCrash):
         world.dispatch()
 
 
-class Reconcile(CommitCrash):
+class Sweep(CommitCrash):
     """A sweeper dies recovering a dead worker's expired lease."""
 
     def setup(self, world: World) -> None:
@@ -299,7 +299,7 @@ class Reconcile(CommitCrash):
         world.clock.set(claim.lease_until)
 
     def steps(self, world: World) -> Sequence[Call]:
-        return [call("reconcile")]
+        return [call("sweep")]
 
     def left_nothing(self, world: World) -> None:
         _running_under_the_dead_worker(world)
@@ -310,7 +310,7 @@ class Reconcile(CommitCrash):
             TaskState.PENDING, None, "lease expired on attempt 1")
 
     def retry(self, world: World) -> None:
-        assert world.store.reconcile().leases_recovered == (0 if self.committed else 1)
+        assert world.store.sweep().leases_recovered == (0 if self.committed else 1)
         assert world.work().fence == 2
         world.dispatch()
 
@@ -517,7 +517,7 @@ CRASHES: dict[str, Crash] = {
     **commits("finish", Finish),
     **commits("fail", Fail),
     **commits("cancel", Cancel),
-    **commits("reconcile", Reconcile),
+    **commits("sweep", Sweep),
     **commits("requeue", Requeue),
     **commits("prune", Prune),
     **commits("publish", FirstPublication),

@@ -137,7 +137,7 @@ class World:
         lease_until = self.task().lease_until
         assert lease_until is not None, "the task is not held by anyone"
         self.clock.set(max(self.clock.now(), lease_until))
-        assert self.store.reconcile().leases_recovered == 1
+        assert self.store.sweep().leases_recovered == 1
         assert self.task().state == TaskState.PENDING
 
     def dispatch(self) -> list[Outcome]:

@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from postroom.drain import run_drain
 from tests import pg
 from tests.conftest import require_postgres
+from tests.harness.drain import run_drain
 
 
 def on_ticks(action: Callable[[], object], *, times: int,

@@ -12,14 +12,14 @@ from psycopg_pool import PoolTimeout
 
 import postroom
 from postroom import faults
-from postroom.store import Database, dialect_for_url
-from postroom.store.postgres import (
+from postroom.db import Database, dialect_for_url
+from postroom.db.postgres import (
     _CLOCK_SHARDS,
     NETWORK,
     PostgresDialect,
     durability_warnings,
 )
-from tests.support import START, envelope
+from tests.support import START, database_of, envelope
 
 
 def raw(url: str) -> psycopg.Connection:
@@ -48,12 +48,12 @@ def test_an_address_no_wait_will_mend_fails_at_once_saying_what_was_answered(pg_
 # -- parameters ---------------------------------------------------------------------------------
 
 def test_named_parameters_become_psycopg_placeholders(pg_store):
-    convert = pg_store.database.dialect.convert
+    convert = database_of(pg_store).dialect.convert
     assert convert("WHERE a = :a AND b < :b_2") == "WHERE a = %(a)s AND b < %(b_2)s"
 
 
 def test_literals_casts_comments_and_percent_signs_survive_conversion(pg_store):
-    convert = pg_store.database.dialect.convert
+    convert = database_of(pg_store).dialect.convert
     sql = "SELECT 'reply:' || x::text, '50%' -- :not_a_parameter\nFROM t WHERE y LIKE :p"
     assert convert(sql) == ("SELECT 'reply:' || x::text, '50%%' -- :not_a_parameter\n"
                             "FROM t WHERE y LIKE %(p)s")
@@ -99,11 +99,11 @@ def test_the_high_water_is_kept_in_one_row_per_shard(pg_store, pg_url):
 
 
 def test_a_write_advances_the_row_of_its_server_process(pg_store, pg_url, auth):
-    database = pg_store.database
-    with database.transaction(postroom.store.Operation("probe")) as tx:
+    database = database_of(pg_store)
+    with database.transaction(postroom.db.Write("probe")) as tx:
         shard = database.dialect.clock_shard(tx)
         assert shard == tx.conn.pg.info.backend_pid % _CLOCK_SHARDS
-        tx.run("stream_create", principal="p", stream="s")
+        tx.change("stream_create", principal="p", stream="s")
         tx.now = START + 42
     with raw(pg_url) as conn:
         rows = conn.execute("SELECT id FROM postroom_clock WHERE high_water = %s",
@@ -112,7 +112,7 @@ def test_a_write_advances_the_row_of_its_server_process(pg_store, pg_url, auth):
 
 
 def test_writers_on_different_rows_do_not_wait_for_each_other(pg_store, pg_url):
-    sql = pg_store.database.dialect.queries["clock_advance"].sql
+    sql = database_of(pg_store).dialect.queries["clock_advance"].sql
     with raw(pg_url) as first, raw(pg_url) as second:
         first.execute("BEGIN")
         first.execute(sql, {"now": START + 1, "shard": 1})  # holds row 1 until it commits
@@ -171,7 +171,7 @@ def test_a_resume_that_reads_a_continuation_committed_after_its_time_uses_the_la
     early = postroom.open_store(pg_url, clock=postroom.ManualClock(START + 100))
     late = postroom.open_store(pg_url, clock=postroom.ManualClock(START + 101))
     timed, go, out = threading.Event(), threading.Event(), {}
-    dialect = early.database.dialect
+    dialect = database_of(early).dialect
     decide = dialect.decision_time
 
     def take_the_time_then_pause(tx, clock):
@@ -202,14 +202,14 @@ def test_a_resume_that_reads_a_continuation_committed_after_its_time_uses_the_la
 # -- sessions -----------------------------------------------------------------------------------
 
 def test_store_sessions_carry_an_idle_in_transaction_guard(pg_store):
-    dialect = pg_store.database.dialect
+    dialect = database_of(pg_store).dialect
     with dialect.connection() as conn:
         value = dialect.execute(conn, "SHOW idle_in_transaction_session_timeout", ()).fetchone()
     assert value["idle_in_transaction_session_timeout"] == "1min"
 
 
 def test_store_sessions_notice_a_vanished_server_within_about_a_minute(pg_store):
-    dialect = pg_store.database.dialect
+    dialect = database_of(pg_store).dialect
     with dialect.connection() as conn:
         parameters = conn.pg.info.get_parameters()
     assert {name: parameters.get(name) for name in NETWORK} == {
@@ -219,7 +219,7 @@ def test_store_sessions_notice_a_vanished_server_within_about_a_minute(pg_store)
 
 def test_network_settings_given_in_the_url_are_kept(pg_url):
     with postroom.open_store(pg_url + "&keepalives_idle=7") as store:
-        dialect = store.database.dialect
+        dialect = database_of(store).dialect
         with dialect.connection() as conn:
             parameters = conn.pg.info.get_parameters()
     assert parameters["keepalives_idle"] == "7" and parameters["keepalives_count"] == "3"
@@ -303,13 +303,13 @@ def test_the_postgres_schema_mirrors_the_sqlite_schema(pg_url, tmp_path):
     (psycopg.errors.UndefinedTable("no such table"), postroom.StoreError),
 ])
 def test_driver_errors_are_translated_at_the_boundary(pg_store, error, expected):
-    translated = pg_store.database.dialect.translate(error)
+    translated = database_of(pg_store).dialect.translate(error)
     assert type(translated) is expected
     assert str(error) in str(translated)
 
 
 def test_only_failures_that_committed_nothing_are_retried(pg_store):
-    dialect = pg_store.database.dialect
+    dialect = database_of(pg_store).dialect
     transient = postroom.StoreUnavailable("connection lost")
     delays = [dialect.retry_delay(transient, attempt) for attempt in range(8)]
     assert all(delay is not None and 0 < delay <= 2.0 for delay in delays)
@@ -324,7 +324,7 @@ def test_only_failures_that_committed_nothing_are_retried(pg_store):
 
 def test_a_connection_lent_after_a_read_can_write_without_begin(pg_store, auth):
     pg_store.task(pg_store.receive(auth, envelope()).task_id)  # a read-only transaction
-    dialect = pg_store.database.dialect
+    dialect = database_of(pg_store).dialect
     with dialect.connection() as conn:  # the same pooled connection, used raw
         dialect.execute(conn, "UPDATE tasks SET correlation_id = 'raw'", ())
     assert pg_store.task(pg_store.claim("w").task_id).correlation_id == "raw"

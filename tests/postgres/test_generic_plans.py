@@ -18,7 +18,7 @@ import postroom
 from tests import pg
 from tests.conformance.test_plans import HOT_QUERIES, INDEX, plan_problems
 from tests.conftest import require_postgres
-from tests.support import START, analyze, envelope
+from tests.support import START, analyze, database_of, envelope
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 #: The types psycopg gives these Python values when it binds them.
@@ -46,7 +46,7 @@ def populated():
 
 def prepared_plan(store, name: str) -> list[str]:
     """The plan of ``name`` prepared with ``$n`` parameters, after it ran ten times."""
-    dialect = store.database.dialect
+    dialect = database_of(store).dialect
     params = HOT_QUERIES[name]
     order: list[str] = []
 

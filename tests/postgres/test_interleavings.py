@@ -7,7 +7,7 @@ import threading
 from typing import Any
 
 import postroom
-from postroom.store.database import Tx
+from postroom.db.database import Tx
 from tests.support import START, envelope
 
 DAY = 86_400.0

@@ -19,11 +19,11 @@ import pytest
 
 import postroom
 from postroom import faults
-from postroom.store.database import Tx
-from postroom.store.postgres import PostgresDialect, lost_commit_fate
+from postroom.db.database import Tx
+from postroom.db.postgres import PostgresDialect, lost_commit_fate
 from tests import pg
 from tests.conftest import require_postgres
-from tests.support import envelope
+from tests.support import database_of, envelope
 
 FAR = 4_000_000_000.0  # a deadline far ahead of the server clock
 
@@ -86,7 +86,7 @@ def test_a_lost_commit_that_did_not_commit_is_retried(pg_url, auth, monkeypatch)
 def test_a_lost_commit_whose_fate_cannot_be_learned_is_outcome_unknown(
         pg_url, auth, monkeypatch):
     with postroom.open_store(pg_url) as store:
-        dialect = store.database.dialect
+        dialect = database_of(store).dialect
         monkeypatch.setattr(dialect, "_resolve_timeout", 0.2)
         monkeypatch.setattr(dialect, "_transaction_status",
                             lambda xid, started: None)  # unreachable

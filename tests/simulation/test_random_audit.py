@@ -15,11 +15,11 @@ import pytest
 
 import postroom
 from postroom import tasks
+from postroom.db import dialect as dialect_module
+from postroom.db.dialect import Dialect
+from postroom.db.queries import QuerySet
 from postroom.receiver import Receiver
-from postroom.simulation import run_rounds, run_seed
-from postroom.store import dialect as dialect_module
-from postroom.store.dialect import Dialect
-from postroom.store.queries import QuerySet
+from tests.harness.simulation import run_rounds, run_seed
 
 SEEDS = (0, 1, 2)
 OPS = 100
@@ -107,7 +107,7 @@ def test_decisions_that_follow_a_clock_stepping_back_are_reported(make_url, monk
 def test_rounds_report_a_receiver_that_drops_effects(make_url, monkeypatch):
     def no_effect(self, tx, replies):
         for reply in replies:
-            tx.run("receipt_insert", reply_id=reply.reply_id, fingerprint=reply.fingerprint,
+            tx.change("receipt_insert", reply_id=reply.reply_id, fingerprint=reply.fingerprint,
                    body=reply.body, now=tx.now)
         return [postroom.Outcome.delivered() for _ in replies]
 

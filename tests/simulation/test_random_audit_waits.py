@@ -14,9 +14,9 @@ from collections import Counter
 
 from postroom import transitions, waits
 from postroom.models import ContinuationKind, SignalResult
-from postroom.simulation import run_seed, run_wait_rounds
-from postroom.simulation.operations import OPERATIONS
-from postroom.simulation.waits import WAIT_OPERATIONS
+from tests.harness.simulation import run_seed, run_wait_rounds
+from tests.harness.simulation.operations import OPERATIONS
+from tests.harness.simulation.waits import WAIT_OPERATIONS
 from tests.simulation.test_random_audit import SEEDS, first_violation
 
 OPS = 200

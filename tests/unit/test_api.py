@@ -10,7 +10,7 @@ PUBLIC = [
     "NotFound", "open_store", "OpenResult", "Outcome", "OutcomeKind", "OutcomeUnknown",
     "Outgoing",
     "PayloadCollision", "PermanentDeliveryError", "Position", "PostroomError", "Receiver",
-    "ReceiverAck", "Reconciled", "Reply", "ReplyClaim", "ReplyState", "Requeue", "ResumeResult",
+    "ReceiverAck", "Swept", "Reply", "ReplyClaim", "ReplyState", "Requeue", "ResumeResult",
     "Resumption", "SchemaError", "Settings", "SignalReceipt", "SignalResult", "Store",
     "StoreError", "StoreUnavailable", "SystemClock", "Task", "TaskState",
     "TransientDeliveryError", "Transport", "Unauthorized", "Wait", "Waiter", "WaitOpening",

@@ -4,13 +4,13 @@ import pytest
 
 import postroom
 from postroom import faults
-from postroom.store.database import Database, Operation
+from postroom.db.database import Database, Write
 
 
 def test_every_commit_has_a_before_and_an_after_point():
     names = {p.name for p in faults.registered()}
     for operation in ("receive", "receive_atomic", "claim", "renew", "finish", "fail",
-                      "cancel", "reconcile", "dispatch.claim", "dispatch.record", "requeue",
+                      "cancel", "sweep", "dispatch.claim", "dispatch.record", "requeue",
                       "prune", "receiver.accept", "migrate"):
         assert {f"{operation}.before_commit", f"{operation}.after_commit"} <= names
 
@@ -30,7 +30,7 @@ def test_arming_an_unknown_point_is_refused():
 
 
 def test_an_armed_point_fires_the_given_number_of_times():
-    Operation("test_only")
+    Write("test_only")
     fired = []
     faults.arm("test_only.before_commit", fired.append, times=2)
     for _ in range(3):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from postroom.store.wakeups import Waiter, Wakeups
+from postroom.db.wakeups import Waiter, Wakeups
 
 
 def test_a_waiter_returns_at_once_for_work_announced_since_it_was_made():

@@ -1,0 +1,204 @@
+"""The dialect seam: the few things SQLite and PostgreSQL do differently.
+
+Everything a rule needs is written once above this seam (``postroom.db.database`` and the
+named queries). A dialect provides only:
+
+- connections and transaction boundaries (``connection``, ``begin``, ``commit``, ``rollback``),
+- the parameter style and the query fragments that differ (``convert``, ``fragments``),
+- the time source (``default_clock``, ``source_time``, ``current_time``) and which row of the
+  time high-water a connection advances (``clock_shard``),
+- error classification (``translate``), the driver's error base (``driver_error``) and which
+  failures are retried (``retry_delay``),
+- the last statements of a write transaction (``before_commit``: e.g. emitting wake-ups),
+  wake-ups for waiters (``wakeups``, ``listen``), migration locking and query plans.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from functools import cached_property
+from importlib import resources
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from postroom.clock import Clock, SystemClock, finite_time
+from postroom.db.queries import QuerySet, load_queries
+from postroom.db.wakeups import Wakeups
+
+if TYPE_CHECKING:
+    from postroom.db.database import Tx
+    from postroom.errors import PostroomError
+
+__all__ = ["Dialect", "Row"]
+
+Row = Mapping[str, Any]
+
+
+class Dialect(ABC):
+    """One database backend."""
+
+    #: Short name, also the folder of its migrations.
+    name: ClassVar[str]
+    #: Replacements for ``{fragment}`` markers in the shared queries.
+    fragments: ClassVar[Mapping[str, str]]
+    #: The driver's base exception class, translated at the boundary.
+    driver_error: ClassVar[type[BaseException]]
+    #: Whether a statement that locks rows may have chosen them from a snapshot older than
+    #: its locks (PostgreSQL's READ COMMITTED), so that what it chose must be asked again; not
+    #: where one writer runs at a time (SQLite).
+    chooses_before_locking: ClassVar[bool] = False
+
+    @cached_property
+    def queries(self) -> QuerySet:
+        """Every named query, resolved for this dialect."""
+        return load_queries(self.fragments, self.convert)
+
+    def convert(self, sql: str) -> str:
+        """Turn ``:name`` parameters into the driver's style (SQLite takes them as they are)."""
+        return sql
+
+    def default_clock(self) -> Clock:
+        """The time source used when the caller does not pass one."""
+        return SystemClock()
+
+    @abstractmethod
+    def connection(self) -> AbstractContextManager[Any]:
+        """A connection for one transaction (held exclusively until the block ends)."""
+
+    @abstractmethod
+    def begin(self, conn: Any, *, write: bool) -> None:
+        """Open a transaction; ``write`` takes the write lock up front where that matters."""
+
+    @abstractmethod
+    def commit(self, conn: Any) -> None:
+        """Commit the open transaction."""
+
+    @abstractmethod
+    def rollback(self, conn: Any) -> None:
+        """Roll back the open transaction, if any. Never raises on a dead connection."""
+
+    @abstractmethod
+    def execute(self, conn: Any, sql: str, params: Mapping[str, Any] | Sequence[Any]) -> Any:
+        """Execute one statement and return the driver's cursor."""
+
+    @abstractmethod
+    def executemany(self, conn: Any, sql: str, rows: Sequence[Mapping[str, Any]]) -> int:
+        """Execute one statement for many parameter sets; return how many rows they changed."""
+
+    @abstractmethod
+    def execute_script(self, conn: Any, script: str) -> None:
+        """Run a schema script inside the open transaction."""
+
+    @abstractmethod
+    def translate(self, exc: BaseException) -> PostroomError:
+        """Map a driver error to postroom's exception tree."""
+
+    @abstractmethod
+    def explain(self, conn: Any, sql: str, params: Mapping[str, Any]) -> list[str]:
+        """The query plan of ``sql`` as lines of text."""
+
+    @abstractmethod
+    def durability(self, conn: Any) -> tuple[dict[str, str], list[str]]:
+        """The settings that commits' durability and the store's upkeep depend on, as the
+        database reports them to this connection, and one warning per setting that weakens
+        them (for ``postroom info``)."""
+
+    def decision_time(self, tx: Tx, clock: Clock) -> float:
+        """The time a write transaction decides with: never below the persisted high-water.
+
+        The high-water is the greatest of the ``postroom_clock`` rows (one row on SQLite,
+        several on PostgreSQL, see ``clock_shard``); it is read in the transaction's first
+        statement, so it includes every decision committed before this transaction began.
+        """
+        row = tx.one("clock_read")
+        high_water = (float(row["high_water"])
+                      if row is not None and row["high_water"] is not None else 0.0)
+        tx.high_water = high_water
+        return max(finite_time(self.source_time(clock, row)), high_water)
+
+    def source_time(self, clock: Clock, row: Row | None) -> float:
+        """The time source's reading for a decision (``row`` is the ``clock_read`` row)."""
+        return clock.now()
+
+    def current_time(self, tx: Tx, clock: Clock) -> float:
+        """The source's time for a transaction that keeps no high-water (reads, receivers)."""
+        return clock.now()
+
+    def catch_up_time(self, tx: Tx) -> None:  # noqa: B027 - optional hook
+        """After ``tx`` took a lock or read a row that a later decision may have committed,
+        raise ``tx.now`` to the decision times committed since it began (nothing to do where
+        write transactions run one at a time, as on SQLite)."""
+
+    def clock_shard(self, tx: Tx) -> int:
+        """Which ``postroom_clock`` row this transaction's decision time is recorded in."""
+        return 1
+
+    def time_to_record(self, tx: Tx) -> bool:
+        """Whether ``tx`` must persist its time: it wrote something and time moved forward.
+
+        (A replay or a refused request writes nothing, so it does not move time.)
+        """
+        return tx.wrote and tx.now > tx.high_water
+
+    def record_time(self, tx: Tx) -> None:
+        """Persist the time a transaction used, when ``time_to_record`` says so."""
+        if self.time_to_record(tx):
+            tx.change("clock_advance", now=tx.now, shard=self.clock_shard(tx))
+
+    def retry_delay(self, exc: PostroomError, attempt: int) -> float | None:
+        """Seconds to wait before running a failed transaction again, or ``None`` to raise.
+
+        Only for failures that certainly left nothing behind (the default: never retry).
+        """
+        return None
+
+    def before_commit(self, tx: Tx) -> None:  # noqa: B027 - optional hook
+        """The write transaction's last step before COMMIT (its time is already recorded).
+
+        A dialect with cross-process wake-ups emits ``tx.channels`` here, so they are sent
+        if and only if the transaction commits.
+        """
+
+    def after_commit(self, tx: Tx) -> None:
+        """Wake this process's waiters for the channels ``tx`` announced (it committed)."""
+        if tx.channels:
+            self.wakeups.announce(tx.channels)
+
+    @property
+    def wakeups(self) -> Wakeups:
+        """The hub that wakes this database's waiters in this process.
+
+        Made on first use; ``dict.setdefault`` is atomic, so threads racing to make it all
+        get the same hub (a waiter on one hub and announcements on another would never meet).
+        """
+        hub = self.__dict__.get("_wakeups")
+        if hub is None:
+            hub = self.__dict__.setdefault("_wakeups", Wakeups())
+        return hub  # type: ignore[no-any-return]
+
+    def listen(self) -> None:  # noqa: B027 - optional hook
+        """Start hearing other processes' announcements (where the backend can carry them).
+
+        Returns once listening (or once it is clear that only polling will find work).
+        """
+
+    def lock_migrations(self, conn: Any) -> None:  # noqa: B027 - optional hook
+        """Keep concurrent migrations of one database apart (inside the open transaction)."""
+
+    def migrations(self, component: str) -> list[tuple[int, str]]:
+        """``(version, script)`` of every migration of ``component``, in order."""
+        folder = resources.files("postroom.db") / "migrations" / self.name / component
+        found: list[tuple[int, str]] = []
+        for entry in folder.iterdir():
+            if entry.name.endswith(".sql"):
+                found.append((int(entry.name.split("_", 1)[0]), entry.read_text("utf-8")))
+        found.sort()
+        return found
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections."""
+
+    def rows(self, cursor: Any) -> Iterator[Row]:
+        """Iterate a cursor's rows as mappings."""
+        return iter(cursor.fetchall())

@@ -1,0 +1,170 @@
+"""SQLite: the embedded backend (one host, WAL, ``synchronous=FULL``).
+
+SQLite allows one writer at a time. Every write transaction starts with ``BEGIN IMMEDIATE``
+so it takes the write lock before reading what it will decide on; that serializes decisions
+(and makes the high-water mark a plain row) and never upgrades a read snapshot into a write,
+which SQLite would refuse with ``SQLITE_BUSY`` without waiting.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, ClassVar
+
+from postroom.db.dialect import Dialect
+from postroom.errors import PostroomError, StoreError, StoreUnavailable
+
+__all__ = ["SQLiteDialect"]
+
+_TRANSIENT_CODES = {
+    sqlite3.SQLITE_BUSY,
+    sqlite3.SQLITE_LOCKED,
+    getattr(sqlite3, "SQLITE_BUSY_SNAPSHOT", 517),
+    getattr(sqlite3, "SQLITE_BUSY_RECOVERY", 261),
+}
+
+_SYNCHRONOUS = {0: "off", 1: "normal", 2: "full", 3: "extra"}
+_FULL = 2
+
+
+class SQLiteDialect(Dialect):
+    """A single SQLite database file, shared by threads through one locked connection."""
+
+    name: ClassVar[str] = "sqlite"
+    fragments: ClassVar[Mapping[str, str]] = {
+        # Row locks are not needed: BEGIN IMMEDIATE already serializes every write
+        # transaction.
+        "skip_locked": "",
+        "for_update": "",
+        "for_share": "",
+        # The claims are UPDATE ... RETURNING on tables with constraints. Under the default
+        # ABORT, SQLite keeps a statement journal to undo a half-done statement, and its
+        # buffer is allocated and freed around every claim; glibc hands it back to the
+        # kernel each time, and faulting it in again cost a claim more than its SQL did.
+        # Under FAIL, an error stops the statement where it is: never seen here, since a
+        # failed statement fails its transaction, which Database rolls back whole.
+        "or_fail": "OR FAIL",
+        # The host's clock is the only clock there is.
+        "server_time": "NULL",
+    }
+    driver_error: ClassVar[type[BaseException]] = sqlite3.Error
+
+    def __init__(self, path: str | Path, *, read_only: bool = False,
+                 busy_timeout: float = 30.0, cache_mib: int = 64) -> None:
+        self.path = str(path)
+        self._read_only = read_only
+        self._busy_timeout = busy_timeout
+        self._lock = threading.RLock()
+        try:
+            self._conn = self._connect(cache_mib)
+        except sqlite3.Error as exc:
+            raise self.translate(exc) from exc
+
+    def _connect(self, cache_mib: int) -> sqlite3.Connection:
+        # Looking at a database (audit, info) must neither leave an empty file behind nor
+        # change the file: read-only, and its journal mode stays as found.
+        read_only = self._read_only
+        target = f"{Path(self.path).resolve().as_uri()}?mode=ro" if read_only else self.path
+        conn = sqlite3.connect(target, timeout=self._busy_timeout, isolation_level=None,
+                               check_same_thread=False, uri=read_only)
+        conn.row_factory = sqlite3.Row
+        # Switching to WAL needs a moment of exclusive access; another process opening the
+        # same new file at the same time may hold it, so wait for it like any other lock.
+        deadline = time.monotonic() + self._busy_timeout
+        while not read_only and conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            try:
+                conn.execute("PRAGMA journal_mode = WAL")
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode not in _TRANSIENT_CODES or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute(f"PRAGMA cache_size = {-1024 * int(cache_mib)}")
+        conn.execute("PRAGMA foreign_keys = ON")
+        return conn
+
+    @contextmanager
+    def connection(self) -> Iterator[sqlite3.Connection]:
+        """The store's connection, held exclusively by this thread for one transaction."""
+        with self._lock:
+            yield self._conn
+
+    def begin(self, conn: sqlite3.Connection, *, write: bool) -> None:
+        """``BEGIN IMMEDIATE`` for writes, a deferred snapshot for reads."""
+        conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    def commit(self, conn: sqlite3.Connection) -> None:
+        """Commit; with ``synchronous=FULL`` the WAL is on disk when this returns."""
+        conn.execute("COMMIT")
+
+    def rollback(self, conn: sqlite3.Connection) -> None:
+        """Roll back if a transaction is open."""
+        try:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+
+    def execute(self, conn: sqlite3.Connection, sql: str,
+                params: Mapping[str, Any] | Sequence[Any]) -> sqlite3.Cursor:
+        """Execute one statement."""
+        return conn.execute(sql, params)
+
+    def executemany(self, conn: sqlite3.Connection, sql: str,
+                    rows: Sequence[Mapping[str, Any]]) -> int:
+        """Execute one statement per parameter set; return how many rows they changed.
+
+        Counted from the connection's total: the cursor's ``rowcount`` stays 0 for statements
+        with ``RETURNING`` (the guarded ones).
+        """
+        before = conn.total_changes
+        conn.executemany(sql, rows)
+        return conn.total_changes - before
+
+    def execute_script(self, conn: sqlite3.Connection, script: str) -> None:
+        """Run a script statement by statement inside the open transaction.
+
+        (``executescript`` would commit first, breaking the migration's atomicity.)
+        """
+        buffer = ""
+        for line in script.splitlines(keepends=True):
+            buffer += line
+            if sqlite3.complete_statement(buffer):
+                if buffer.strip():
+                    conn.execute(buffer)
+                buffer = ""
+        if buffer.strip() and not buffer.strip().startswith("--"):
+            conn.execute(buffer)
+
+    def translate(self, exc: BaseException) -> PostroomError:
+        """Busy and locked are transient; everything else is a store error."""
+        code = getattr(exc, "sqlite_errorcode", None)
+        if code in _TRANSIENT_CODES:
+            return StoreUnavailable(f"sqlite {self.path}: {exc}")
+        return StoreError(f"sqlite {self.path}: {exc}")
+
+    def durability(self, conn: sqlite3.Connection) -> tuple[dict[str, str], list[str]]:
+        """The journal mode and ``synchronous`` level of postroom's connection."""
+        journal = str(conn.execute("PRAGMA journal_mode").fetchone()[0])
+        level = int(conn.execute("PRAGMA synchronous").fetchone()[0])
+        settings = {"journal_mode": journal, "synchronous": _SYNCHRONOUS.get(level, str(level))}
+        warnings = []
+        if level < _FULL:
+            warnings.append(f"synchronous is {settings['synchronous']}: a power failure can "
+                            "lose commits that were already acknowledged")
+        return settings, warnings
+
+    def explain(self, conn: sqlite3.Connection, sql: str,
+                params: Mapping[str, Any]) -> list[str]:
+        """``EXPLAIN QUERY PLAN`` lines."""
+        return [str(row[3]) for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
+
+    def close(self) -> None:
+        """Close the connection."""
+        with self._lock:
+            self._conn.close()

@@ -1,0 +1,720 @@
+"""``Store``: the public face of one postroom database.
+
+Each method validates its arguments, opens one named transaction, and hands the work to the
+module that owns the rule (``inbox``, ``tasks``, ``outbox``, ``waits``). Methods are synchronous and
+short: nothing slow (a handler, a network call) ever runs inside a transaction.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from postroom import inbox, outbox, tasks, transitions, waits
+from postroom.clock import Clock
+from postroom.db.database import Database, Tx, Write
+from postroom.db.wakeups import REPLIES_CHANNEL, Waiter
+from postroom.errors import (
+    BatchFailed,
+    Fenced,
+    InvalidInput,
+    NotFound,
+    PayloadCollision,
+    PermanentDeliveryError,
+    SchemaError,
+    Unauthorized,
+)
+from postroom.models import (
+    Ack,
+    AuthContext,
+    Claim,
+    Continuation,
+    DispatchReport,
+    Envelope,
+    ExpireResult,
+    FollowUp,
+    Outcome,
+    OutcomeKind,
+    Position,
+    Swept,
+    Reply,
+    ReplyClaim,
+    ReplyState,
+    Requeue,
+    Resumption,
+    SignalReceipt,
+    Task,
+    TaskState,
+    Wait,
+    WaitOpening,
+)
+from postroom.settings import DEFAULT_RETENTION, Settings, check_retention
+from postroom.transitions import reply_id_for
+from postroom.transports import Transport
+from postroom.validation import (
+    TASK_ID_BYTES,
+    CheckedEnvelope,
+    check_json,
+    check_text,
+    follow_up_principal,
+)
+
+__all__ = ["Store", "open_store"]
+
+PRUNE = Write("prune")
+#: The first publication of the store's settings, by its first opener: decides nothing by time.
+PUBLISH = Write("publish", timed=False)
+#: An operator's change of the retention period: from its time on, what it promises holds.
+RETENTION = Write("retention")
+
+_MAX_LEASE = 86_400.0
+_MAX_BATCH = 10_000
+
+
+class Store:
+    """Tasks, replies and their durable evidence in one database.
+
+    Open with ``open_store(url)``; safe to share between threads (SQLite serializes them on
+    one connection, PostgreSQL uses a pool).
+    """
+
+    def __init__(self, database: Database, *, settings: Settings | None = None,
+                 seed: int | None = None) -> None:
+        """Use ``database`` (its schema migrated) as a store.
+
+        Adopts the retention period the store publishes, publishing the one in ``settings``
+        (or the default) if it has none yet; ``InvalidInput`` naming ``retention`` if
+        ``settings`` asks for another one than the store publishes.
+        """
+        self._db = database
+        settings = settings if settings is not None else Settings()
+        self._settings = replace(settings, retention=self._adopt_retention(settings.retention))
+        self._rng = random.Random(seed)
+
+    def _adopt_retention(self, wanted: float | None) -> float:
+        def publish(tx: Tx) -> float | None:
+            tx.change("published_first", setting="retention",
+                   value=DEFAULT_RETENTION if wanted is None else wanted)
+            found = _published_retention(tx)
+            return None if found is None else found.value
+
+        published = self._db.write(PUBLISH, publish)
+        if published is None:  # pragma: no cover - the statement above just published it
+            raise SchemaError("the store publishes no retention period")
+        if wanted is not None and published != wanted:
+            raise InvalidInput("retention", (
+                f"this store publishes {published:g} seconds, not {wanted:g}: leave "
+                "Settings.retention unset to use the store's, or change the store's with "
+                "postroom init URL --retention SECONDS"))
+        return published
+
+    @classmethod
+    def open(cls, url: str, *, clock: Clock | None = None, settings: Settings | None = None,
+             seed: int | None = None) -> Store:
+        """Open the store at ``url``, creating or upgrading its schema."""
+        from postroom.db import dialect_for_url
+
+        database = Database(dialect_for_url(url), clock=clock)
+        try:
+            database.migrate("store")
+            return cls(database, settings=settings, seed=seed)
+        except BaseException:  # e.g. refused settings: release the connections at once
+            database.close()
+            raise
+
+    # -- receiving ----------------------------------------------------------------------------
+
+    def receive(self, auth: AuthContext, envelope: Envelope, *,
+                position: Position | None = None) -> Ack:
+        """Store one message and its task; the ACK is returned only after the commit."""
+        checked = inbox.check(self._settings, auth, envelope)
+        position = inbox.check_position(self._settings, position)
+        return self._db.write(inbox.RECEIVE, lambda tx: inbox.store_message(
+            tx, self._settings, checked, position))
+
+    def receive_batch(self, auth: AuthContext, envelopes: Sequence[Envelope], *,
+                      positions: Sequence[Position | None] | None = None) -> list[Ack]:
+        """Store messages one commit at a time.
+
+        On the first failure raises ``BatchFailed`` carrying the ACKs of the committed prefix
+        and the failing index; replaying that prefix yields duplicates, not new tasks.
+        """
+        places = _positions(envelopes, positions)
+        acks: list[Ack] = []
+        for index, (envelope, position) in enumerate(zip(envelopes, places, strict=True)):
+            try:
+                acks.append(self.receive(auth, envelope, position=position))
+            except Exception as exc:  # whatever stopped it, the committed prefix is durable
+                raise BatchFailed(acks, index, exc) from exc
+        return acks
+
+    def receive_atomic(self, auth: AuthContext, envelopes: Sequence[Envelope], *,
+                       positions: Sequence[Position | None] | None = None) -> list[Ack]:
+        """Store all messages in one transaction (one fsync), or none of them.
+
+        Every item is validated before anything is written; a collision rolls back the whole
+        batch and raises ``PayloadCollision``.
+        """
+        if len(envelopes) > _MAX_BATCH:
+            raise InvalidInput("envelopes", f"at most {_MAX_BATCH} per atomic batch")
+        places = _positions(envelopes, positions)
+        checked = [(_indexed(index, inbox.check, self._settings, auth, envelope),
+                    _indexed(index, inbox.check_position, self._settings, position))
+                   for index, (envelope, position) in enumerate(zip(envelopes, places,
+                                                                    strict=True))]
+
+        def each(tx: Tx) -> list[Ack]:
+            return [inbox.store_message(tx, self._settings, item, position)
+                    for item, position in checked]
+
+        if any(position is not None for _, position in checked):
+            return self._db.write(inbox.RECEIVE_ATOMIC, each)
+        return self._db.write_batch(inbox.RECEIVE_ATOMIC, lambda tx: inbox.store_all(
+            tx, self._settings, [item for item, _ in checked]), each)
+
+    def watermark(self, auth: AuthContext, stream: str) -> int:
+        """The highest ``seq`` of ``stream`` such that every lower one is stored (0: none)."""
+        principal = inbox.principal_of(self._settings, auth)
+        check_text(stream, "stream", max_bytes=self._settings.limits.text_bytes)
+        return self._db.read(lambda tx: inbox.watermark(tx, principal, stream))
+
+    # -- tasks ----------------------------------------------------------------------------------
+
+    def claim(self, owner: str, *, queues: Sequence[str] | str = ("default",),
+              lease: float | None = None) -> Claim | None:
+        """Claim the next claimable task of ``queues`` (oldest available first), or ``None``."""
+        claims = self.claim_batch(owner, 1, queues=queues, lease=lease)
+        return claims[0] if claims else None
+
+    def claim_batch(self, owner: str, limit: int, *, queues: Sequence[str] | str = ("default",),
+                    lease: float | None = None) -> list[Claim]:
+        """Claim up to ``limit`` tasks in one transaction."""
+        limits = self._settings.limits
+        check_text(owner, "owner", max_bytes=limits.text_bytes)
+        _check_limit(limit)
+        names = (queues,) if isinstance(queues, str) else tuple(queues)
+        if not names:
+            raise InvalidInput("queues", "name at least one queue")
+        for name in names:
+            check_text(name, "queues", max_bytes=limits.text_bytes)
+        seconds = self._lease(lease, self._settings.lease)
+        return self._db.write(tasks.CLAIM, lambda tx: tasks.claim(
+            tx, self._settings, owner=owner, queues=names, limit=limit, lease=seconds))
+
+    def renew(self, claim: Claim, *, lease: float | None = None) -> Claim:
+        """Extend ``claim``'s lease; returns the claim with its new ``lease_until``."""
+        seconds = self._lease(lease, self._settings.lease)
+        return self._db.write(tasks.RENEW, lambda tx: tasks.renew(tx, claim, lease=seconds))
+
+    def finish(self, claim: Claim, result: Any = None, *,
+               follow_ups: Sequence[FollowUp] = ()) -> None:
+        """Mark the task done with ``result``; its reply and follow-ups commit with it.
+
+        Raises ``Fenced`` (and writes nothing) if the claim is no longer current.
+        """
+        result_json = check_json(result, "result", limits=self._settings.limits,
+                                 require_object=False)
+        children = self._follow_ups(claim, follow_ups)
+        self._db.write(tasks.FINISH, lambda tx: tasks.finish(
+            tx, self._settings, claim, result_json=result_json, follow_ups=children))
+
+    def finish_batch(self, items: Sequence[tuple[Claim, Any]]) -> None:
+        """Finish several claims in one transaction; if any is fenced, none is finished."""
+        prepared = [(claim, _indexed(index, check_json, result, "result",
+                                     limits=self._settings.limits, require_object=False))
+                    for index, (claim, result) in enumerate(items)]
+
+        def each(tx: Tx) -> None:
+            for claim, result_json in prepared:
+                tasks.finish(tx, self._settings, claim, result_json=result_json, follow_ups=())
+
+        self._db.write_batch(tasks.FINISH,
+                           lambda tx: tasks.finish_all(tx, self._settings, prepared), each)
+
+    def fail(self, claim: Claim, reason: str, *, retryable: bool = True) -> TaskState:
+        """Report a failure; returns ``pending`` (retry after backoff) or ``failed``."""
+        check_text(reason, "reason", max_bytes=4096)
+        delay = self._settings.backoff.delay(claim.attempt, self._rng)
+        return self._db.write(tasks.FAIL, lambda tx: tasks.fail(
+            tx, self._settings, claim, reason=reason, retryable=bool(retryable), delay=delay))
+
+    def cancel(self, task_id: str, *, reason: str = "cancelled") -> bool:
+        """Cancel a pending or running task; ``False`` if it is already terminal."""
+        check_text(task_id, "task_id", max_bytes=TASK_ID_BYTES)
+        check_text(reason, "reason", max_bytes=4096)
+        return self._db.write(tasks.CANCEL, lambda tx: tasks.cancel(
+            tx, self._settings, task_id, reason=reason))
+
+    def sweep(self) -> Swept:
+        """Recover expired leases (tasks and deliveries) and expire passed deadlines.
+
+        Runs bounded sweeps (``sweep_limit`` records per transaction) until none is left.
+        """
+        totals = Swept()
+        while True:
+            step = self._db.write(tasks.SWEEP, self._sweep_once)
+            totals = Swept(**{name: getattr(totals, name) + getattr(step, name)
+                                   for name in totals.__slots__})
+            if step.total == 0:
+                return totals
+
+    def _sweep_once(self, tx: Tx) -> Swept:
+        counts = tasks.SweepCounts()
+        tasks.sweep(tx, self._settings, counts)
+        recovered, dead = outbox.sweep_replies(tx, self._settings)
+        return Swept(leases_recovered=counts.recovered, attempts_exhausted=counts.exhausted,
+                          deadlines_expired=counts.deadlines_expired,
+                          deliveries_recovered=recovered, deliveries_dead=dead)
+
+    def task(self, task_id: str) -> Task:
+        """The task ``task_id`` as stored; ``NotFound`` if there is none."""
+        row = self._db.read(lambda tx: tx.one("task_get", task_id=task_id))
+        if row is None:
+            raise NotFound(f"no task {task_id}")
+        return Task.from_row(row)
+
+    def reply(self, task_id: str) -> Reply | None:
+        """The reply of task ``task_id``, or ``None`` while the task is not terminal."""
+        row = self._db.read(lambda tx: tx.one("reply_get", task_id=task_id))
+        return Reply.from_row(row) if row is not None else None
+
+    def requeues(self, reply_id: str) -> list[Requeue]:
+        """The recorded operator decisions to resend ``reply_id``, oldest first."""
+        rows = self._db.read(lambda tx: tx.all("requeues_for_reply", reply_id=reply_id))
+        return [Requeue(reply_id=row["reply_id"], operator=row["operator"],
+                        reason=row["reason"], requeued_at=float(row["requeued_at"]),
+                        previous_attempts=int(row["previous_attempts"]),
+                        previous_error=row["previous_error"]) for row in rows]
+
+    # -- delivery -------------------------------------------------------------------------------
+
+    def claim_replies(self, owner: str, *, limit: int = 1,
+                      lease: float | None = None) -> list[ReplyClaim]:
+        """Claim up to ``limit`` replies due for delivery (``sending``, leased, fenced)."""
+        check_text(owner, "owner", max_bytes=self._settings.limits.text_bytes)
+        _check_limit(limit)
+        seconds = self._lease(lease, self._settings.dispatch_lease)
+        return self._db.write(outbox.DISPATCH_CLAIM, lambda tx: outbox.claim_replies(
+            tx, self._settings, owner=owner, limit=limit, lease=seconds))
+
+    def record_delivery(self, claim: ReplyClaim, outcome: Outcome) -> ReplyState:
+        """Record one delivery outcome; ``Fenced`` if another publisher holds the reply."""
+        delay = self._settings.delivery_backoff.delay(claim.attempt, self._rng)
+        return self._db.write(outbox.DISPATCH_RECORD, lambda tx: outbox.record(
+            tx, claim, outcome, delay=delay))
+
+    def record_deliveries(self, pairs: Iterable[tuple[ReplyClaim, Outcome]]) -> DispatchReport:
+        """Record several outcomes in one transaction; fenced ones are reported, not raised."""
+        items = [(claim, outcome, self._settings.delivery_backoff.delay(claim.attempt,
+                                                                        self._rng))
+                 for claim, outcome in pairs]
+
+        def bulk(tx: Tx) -> tuple[dict[ReplyState, int], list[str]]:
+            counts = dict.fromkeys(ReplyState, 0)
+            for state in outbox.record_all(tx, items):
+                counts[state] += 1
+            return counts, []
+
+        def each(tx: Tx) -> tuple[dict[ReplyState, int], list[str]]:
+            counts = dict.fromkeys(ReplyState, 0)
+            fenced: list[str] = []
+            for claim, outcome, delay in items:
+                try:
+                    counts[outbox.record(tx, claim, outcome, delay=delay)] += 1
+                except Fenced:
+                    fenced.append(claim.reply_id)
+            return counts, fenced
+
+        counts, fenced = self._db.write_batch(outbox.DISPATCH_RECORD, bulk, each)
+        return DispatchReport(claimed=len(items), sent=counts[ReplyState.SENT],
+                              retrying=counts[ReplyState.PENDING],
+                              dead=counts[ReplyState.DEAD], fenced=fenced)
+
+    def dispatch(self, transport: Transport, *, owner: str = "dispatcher", limit: int = 1,
+                 lease: float | None = None) -> DispatchReport:
+        """One dispatch step: claim due replies, deliver them, record what happened."""
+        claims = self.claim_replies(owner, limit=limit, lease=lease)
+        if not claims:
+            return DispatchReport()
+        outcomes = _deliver(transport, claims)
+        return self.record_deliveries(zip(claims, outcomes, strict=True))
+
+    def requeue_reply(self, reply_id: str, *, operator: str, reason: str) -> None:
+        """Send a dead reply again: a recorded operator decision (who, when, why).
+
+        Reconcile with the receiver by ``reply_id`` first: it may hold the reply already,
+        in which case the redelivery is acknowledged as a duplicate with no second effect.
+        """
+        check_text(operator, "operator", max_bytes=self._settings.limits.text_bytes)
+        check_text(reason, "reason", max_bytes=4096)
+        self._db.write(outbox.REQUEUE, lambda tx: outbox.requeue(
+            tx, reply_id, operator=operator, reason=reason))
+
+    # -- waiting for work -----------------------------------------------------------------------
+
+    def waiter(self, queues: Sequence[str] | str = ("default",), *,
+               replies: bool = False) -> Waiter:
+        """A ``Waiter`` whose ``wait(timeout)`` returns as soon as work may be available.
+
+        It wakes when a task of ``queues`` becomes claimable (received, or a follow-up
+        committed) and, with ``replies=True``, when a reply becomes due for delivery. On
+        PostgreSQL it hears commits made by any process on any host (LISTEN/NOTIFY on a
+        connection of the store's own, reconnected if lost, with a wake-up after every
+        reconnect); on SQLite it hears commits made through this store object, and the
+        ``timeout`` of ``wait`` is the polling interval for everything else. Work that becomes
+        claimable by the passage of time (a retry's backoff, a recovered lease) is found by
+        that poll.
+        """
+        limits = self._settings.limits
+        names = (queues,) if isinstance(queues, str) else tuple(queues)
+        for name in names:
+            check_text(name, "queues", max_bytes=limits.text_bytes)
+        if not names and not replies:
+            raise InvalidInput("queues", "name at least one queue, or ask for replies")
+        self._db.dialect.listen()
+        return Waiter(self._db.dialect.wakeups,
+                      [*names, REPLIES_CHANNEL] if replies else names)
+
+    # -- waits, signals, timeouts, continuations -------------------------------------------
+
+    def open_wait(self, flow: str, step: str, expected_generation: int, deadline: float, *,
+                  request_id: str | None = None, task_id: str | None = None) -> WaitOpening:
+        """Open generation ``expected_generation + 1`` of the wait ``(flow, step)``.
+
+        A compare-and-set on the slot's current generation (0 before the first wait):
+        ``opened``, or ``stale`` (someone else moved the slot), ``busy`` (the current
+        generation is still waiting), ``pending_continuation`` (it ended but its continuation
+        is not consumed yet). With ``request_id``, a retry of a registration that committed
+        replays its ``opened`` answer (``replay=True``) instead of ``stale``; the same id with
+        other arguments is a ``PayloadCollision``. ``task_id`` names the parent of the
+        follow-up task that ``resume`` enqueues; it must exist.
+        """
+        request = waits.check_open(self._settings, flow=flow, step=step,
+                                   expected_generation=expected_generation, deadline=deadline,
+                                   request_id=request_id, task_id=task_id)
+        return self._db.write(waits.OPEN_WAIT, lambda tx: waits.open_wait(tx, request))
+
+    def signal(  # noqa: PLR0917 - SPEC §5's signature: the event, then the wait's address
+            self, auth: AuthContext, event_id: str, flow: str, step: str, generation: int,
+            value: Any) -> SignalReceipt:
+        """Deliver an answer to one wait generation; the receipt is durable before it returns.
+
+        ``accepted`` (the wait was waiting and ``now < deadline``: it is signaled and a
+        ``signal`` continuation carries ``value``), ``too_late`` (its deadline had passed: the
+        signal times it out), ``stale_generation``, ``closed`` or ``unknown_wait``. The same
+        ``event_id`` from the same principal again is a ``replay`` of the original receipt
+        whatever the state or time now, or a ``conflict`` if its body differs; neither writes.
+        """
+        request = waits.check_signal(self._settings, auth, event_id=event_id, flow=flow,
+                                     step=step, generation=generation, value=value)
+        return self._db.write(waits.SIGNAL, lambda tx: waits.signal(tx, request))
+
+    def expire(self, flow: str, step: str, generation: int) -> ExpireResult:
+        """Time out one wait generation if it is still waiting and its deadline has come."""
+        address = waits.check_address(self._settings, flow, step, generation)
+        return self._db.write(waits.EXPIRE, lambda tx: waits.expire(tx, address))
+
+    def expire_due(self) -> int:
+        """Time out every due wait, ``sweep_limit`` per transaction; returns how many."""
+        total = 0
+        while True:
+            timed_out, seen = self._db.write(waits.EXPIRE_DUE, lambda tx: waits.expire_due(
+                tx, self._settings))
+            total += timed_out
+            if seen < self._settings.sweep_limit:
+                return total
+
+    def resume(self, flow: str, step: str, generation: int,
+               effect: FollowUp | None) -> Resumption:
+        """Consume a generation's continuation and apply its local effect in one transaction.
+
+        The standard effect is a ``FollowUp``: a task with the wait's ``task_id`` as parent
+        and the parent's hops + 1; its queue and deadline default to the parent's (give
+        ``deadline=`` when the answer may come after the parent's own deadline). ``None``
+        consumes the continuation with no follow-up. ``resumed`` the
+        first time; ``replay`` afterwards (with the first effect's task), never a second
+        effect. ``NotFound`` if the generation has no continuation (yet).
+        """
+        address = waits.check_address(self._settings, flow, step, generation)
+        checked = waits.check_effect(self._settings, effect)
+        return self._db.write(waits.RESUME, lambda tx: waits.resume(
+            tx, self._settings, address, checked))
+
+    def continuations(self, *, limit: int = 100) -> list[Continuation]:
+        """Unconsumed continuations, oldest first: after a restart, what is left to resume."""
+        _check_limit(limit)
+        return self._db.read(lambda tx: waits.continuations(tx, limit))
+
+    def wait(self, flow: str, step: str, generation: int | None = None) -> Wait:
+        """One wait generation as stored (the current one by default); ``NotFound`` if none."""
+        limit = self._settings.limits.text_bytes
+        check_text(flow, "flow", max_bytes=limit)
+        check_text(step, "step", max_bytes=limit)
+        if generation is not None:
+            waits.check_address(self._settings, flow, step, generation)
+        return self._db.read(lambda tx: waits.get_wait(tx, flow, step, generation))
+
+    # -- housekeeping ---------------------------------------------------------------------------
+
+    def prune(self) -> int:
+        """Forget messages past retention whose task is terminal and reply sent.
+
+        Returns how many were pruned. A pruned identity sent again is a new request, so a
+        message stored at a stream position above the stream's watermark is kept: its source
+        will send it again from the watermark, and that must be a duplicate.
+        """
+        pruned = 0
+        while True:
+            count, candidates = self._db.write(PRUNE, self._prune_once)
+            pruned += count
+            if candidates < self._settings.sweep_limit:
+                return pruned
+
+    def _prune_once(self, tx: Tx) -> tuple[int, int]:
+        """Prune one sweep; return how many were pruned and how many were candidates."""
+        published = _published_retention(tx)
+        cutoff = tx.now - (published.at(tx.now) if published is not None else self.retention)
+        candidates = tx.all("tasks_prunable", cutoff=cutoff, task_id=None,
+                            limit=self._settings.sweep_limit)
+        rows = candidates
+        if self._db.dialect.chooses_before_locking:
+            # Locked now, but chosen from a snapshot taken before the locks: a wait attached
+            # to one, or a position received for it, that committed meanwhile is seen only
+            # by a new statement. Ask again, one by one.
+            rows = [row for row in candidates
+                    if tx.one("tasks_prunable", cutoff=cutoff, task_id=row["task_id"], limit=1)]
+        if rows:
+            # A claim on a pruned task (reply) may still be held: keep its fence from coming
+            # back on a new one with the same identity.
+            tx.change("fence_floor_raise", kind="task",
+                      floor=max(int(r["task_fence"]) for r in rows))
+            tx.change("fence_floor_raise", kind="reply",
+                   floor=max(int(r["reply_fence"]) for r in rows))
+        for row in rows:
+            task_id = row["task_id"]
+            tx.change("prune_inbox", task_id=task_id)
+            tx.change("prune_stream_positions", task_id=task_id)
+            tx.change("prune_requeues", reply_id=reply_id_for(task_id))
+            tx.change("prune_reply", task_id=task_id)
+            tx.change("prune_task", task_id=task_id)
+        return len(rows), len(candidates)
+
+    def info(self) -> dict[str, Any]:
+        """Settings, schema version, counts, and the database settings that durability
+        depends on with a warning for each weak one, for ``postroom info``."""
+        return describe(self._db, self._settings, settings_from="this Store's Settings")
+
+    def publish_retention(self, seconds: float) -> float | None:
+        """Publish ``seconds`` as the store's retention period; return the one it replaces.
+
+        The period is the store's promise to every sender, so this is an operator's decision
+        (``postroom init URL --retention SECONDS``): pruning in every process follows it from
+        its next transaction. A promise already made holds: after a shortening, pruning keeps
+        the longer period until what was received before has had it (see
+        ``transitions.change_retention``).
+        """
+        value = check_retention(seconds)
+
+        def publish(tx: Tx) -> float | None:
+            current = _published_retention(tx, locked=True)
+            changed = transitions.change_retention(current, value, tx.now)
+            tx.change("published_set", setting="retention", value=changed.value,
+                   floor_value=changed.floor_value, floor_until=changed.floor_until)
+            return None if current is None else current.value
+
+        previous = self._db.write(RETENTION, publish)
+        self._settings = replace(self._settings, retention=value)
+        return previous
+
+    @property
+    def retention(self) -> float:
+        """The store's published retention period in seconds, as this Store last saw it
+        (when it opened, or published one); ``prune`` reads the current one."""
+        assert self._settings.retention is not None  # resolved in __init__
+        return self._settings.retention
+
+    @property
+    def settings(self) -> Settings:
+        """This store's settings; ``retention`` is the store's published period."""
+        return self._settings
+
+    @property
+    def clock(self) -> Clock:
+        """This store's time source (decisions never go below the high-water mark)."""
+        return self._db.clock
+
+    def close(self) -> None:
+        """Close the store's connections."""
+        self._db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _lease(self, lease: float | None, default: float) -> float:
+        if lease is None:
+            return default
+        if type(lease) not in (int, float) or not (math.isfinite(lease)
+                                                   and 0 < lease <= _MAX_LEASE):
+            raise InvalidInput("lease", f"must be a number of seconds in (0, {_MAX_LEASE}]")
+        return float(lease)
+
+    def _follow_ups(self, claim: Claim, follow_ups: Sequence[FollowUp]) -> list[CheckedEnvelope]:
+        seen: set[str] = set()
+        checked = []
+        parent = inbox.Parent(task_id=claim.task_id, principal=claim.principal,
+                              deadline=claim.deadline, hops=claim.hops, queue=claim.queue)
+        namespace = follow_up_principal(claim.task_id)
+        for index, follow_up in enumerate(follow_ups):
+            if not isinstance(follow_up, FollowUp):
+                raise InvalidInput(f"follow_ups[{index}]", "must be a FollowUp")
+            if follow_up.message_id in seen:
+                raise InvalidInput(f"follow_ups[{index}].message_id",
+                                   f"{follow_up.message_id!r} appears twice")
+            seen.add(follow_up.message_id)
+            checked.append(_indexed(index, inbox.check_follow_up, self._settings, follow_up,
+                                    parent, namespace=namespace, prefix="follow_ups"))
+        return checked
+
+
+def describe(database: Database, settings: Settings, *, settings_from: str) -> dict[str, Any]:
+    """What ``Store.info`` reports, read in one read-only transaction of ``database``.
+
+    ``retention_seconds`` is the period the store publishes (``None`` until its first opener
+    publishes one); ``earlier_retention_honoured`` the longer period it still keeps, and
+    until when, for what it received before a shortening (``None`` if none).
+    ``settings_from`` says whose the other settings shown are: they live in the processes
+    that open the store, not in the database.
+    """
+    def read(tx: Tx) -> dict[str, Any]:
+        durability, warnings = database.dialect.durability(tx.conn)
+        return {"retention": _published_retention(tx), "now": tx.now,
+                "tasks": {row["state"]: int(row["n"]) for row in tx.all("task_counts")},
+                "replies": {row["state"]: int(row["n"]) for row in tx.all("reply_counts")},
+                "waits": {row["state"]: int(row["n"]) for row in tx.all("wait_counts")},
+                "unconsumed": tx.one("continuations_unconsumed_count"),
+                "clock": tx.one("clock_read"), "durability": durability, "warnings": warnings}
+
+    found = database.read(read)
+    clock, unconsumed = found["clock"], found["unconsumed"]
+    retention: transitions.Retention | None = found["retention"]
+    honoured = None
+    if retention is None:
+        found["warnings"].append("no retention period is published yet: the store's next "
+                                 "opener publishes one")
+    elif (running := retention.floor(found["now"])) is not None and running[0] > retention.value:
+        honoured = {"seconds": running[0], "until": running[1]}
+    return {
+        "dialect": database.dialect.name,
+        "schema_version": database.schema_version("store"),
+        "settings_from": settings_from,
+        "retention_seconds": None if retention is None else retention.value,
+        "earlier_retention_honoured": honoured,
+        "lease_seconds": settings.lease,
+        "dispatch_lease_seconds": settings.dispatch_lease,
+        "max_hops": settings.max_hops,
+        "delivery_budget": settings.delivery_budget,
+        "time_high_water": float(clock["high_water"]) if clock is not None else None,
+        "tasks": found["tasks"],
+        "replies": found["replies"],
+        "waits": found["waits"],
+        "continuations_unconsumed": int(unconsumed["n"]) if unconsumed is not None else 0,
+        "durability": found["durability"],
+        "warnings": found["warnings"],
+    }
+
+
+def inspect_store(url: str, *, settings: Settings | None = None) -> dict[str, Any]:
+    """``describe`` the store at ``url`` without creating, migrating or writing anything.
+
+    Raises ``SchemaError`` if ``url`` holds no postroom store, or one whose schema is older
+    (``postroom init`` upgrades it) or newer than this postroom's.
+    """
+    from postroom.db import dialect_for_url, redacted_url
+
+    database = Database(dialect_for_url(url, read_only=True), track_time=False)
+    try:
+        if database.schema_version("store") == 0:
+            raise SchemaError(f"no postroom store at {redacted_url(url)} "
+                              "(postroom init creates one)")
+        problem = database.schema_problem("store")
+        if problem is not None:
+            raise SchemaError(f"the store's schema is {problem}")
+        if settings is None:
+            return describe(database, Settings(), settings_from=(
+                "postroom's defaults (an application's own Settings are not in the "
+                "database), except retention_seconds: the store's published period"))
+        return describe(database, settings, settings_from="the Settings given")
+    finally:
+        database.close()
+
+
+def _published_retention(tx: Tx, *, locked: bool = False) -> transitions.Retention | None:
+    row = tx.one("published_read_locked" if locked else "published_read", setting="retention")
+    if row is None:
+        return None
+    floor_value, floor_until = row["floor_value"], row["floor_until"]
+    return transitions.Retention(
+        float(row["value"]), None if floor_value is None else float(floor_value),
+        None if floor_until is None else float(floor_until))
+
+
+def open_store(url: str, *, clock: Clock | None = None, settings: Settings | None = None,
+               seed: int | None = None) -> Store:
+    """Open the store at ``url`` (``sqlite:///path.db`` or ``postgresql://...``)."""
+    return Store.open(url, clock=clock, settings=settings, seed=seed)
+
+
+def _positions(envelopes: Sequence[Envelope],
+               positions: Sequence[Position | None] | None) -> Sequence[Position | None]:
+    if positions is None:
+        return [None] * len(envelopes)
+    if len(positions) != len(envelopes):
+        raise InvalidInput("positions", f"{len(positions)} positions for "
+                                        f"{len(envelopes)} envelopes")
+    return positions
+
+
+def _indexed(index: int, check: Any, *args: Any, prefix: str = "envelopes",
+             **kwargs: Any) -> Any:
+    """Run a check on item ``index`` of a batch, naming the item in any refusal."""
+    try:
+        return check(*args, **kwargs)
+    except InvalidInput as exc:
+        raise type(exc)(f"{prefix}[{index}].{exc.field}", exc.problem) from None
+    except Unauthorized as exc:  # e.g. one item's sender is not the principal
+        raise Unauthorized(f"{prefix}[{index}]: {exc}") from None
+
+
+def _check_limit(limit: int) -> None:
+    if type(limit) is not int or not 1 <= limit <= _MAX_BATCH:
+        raise InvalidInput("limit", f"must be an int in 1..{_MAX_BATCH}, got {limit!r}")
+
+
+def _deliver(transport: Transport, claims: Sequence[ReplyClaim]) -> list[Outcome]:
+    batch = [claim.outgoing() for claim in claims]
+    try:
+        answered = transport.deliver(batch)
+    except (PayloadCollision, PermanentDeliveryError) as exc:
+        if len(claims) > 1:
+            # A refusal raised for a whole batch belongs to one reply we cannot name, and the
+            # others may be committed far away: ask again one reply at a time (the receiver
+            # dedupes), so that only the refused one is dead.
+            return [outcome for claim in claims for outcome in _deliver(transport, [claim])]
+        if isinstance(exc, PayloadCollision):
+            return [Outcome.collision(str(exc))]
+        return [Outcome.permanent(str(exc))]
+    except Exception as exc:
+        # Whatever the transport raised, the far side may or may not have committed: the
+        # only honest record is "unknown, try again", which the receiver's dedupe makes safe.
+        return [Outcome.transient(f"{type(exc).__name__}: {exc}")] * len(claims)
+    outcomes = outbox.outcomes_for(claims, answered)
+    return [o if isinstance(o, Outcome) and isinstance(o.kind, OutcomeKind)
+            else Outcome.transient(f"transport answered {o!r}") for o in outcomes]
