@@ -19,7 +19,30 @@ from postroom.settings import DELIVERY_BUDGETS
 from postroom.transitions import reply_content, reply_id_for
 from postroom.validation import canonical_json, fingerprint, task_id_for
 
-__all__ = ["Violation", "audit_database", "audit_url"]
+__all__ = ["CHECKS", "Violation", "audit_database", "audit_url"]
+
+#: The relational checks of each component, in the order they run: each is the query
+#: ``audit_<component>_<check>`` in ``sql/audit.sql``, returning the rows that violate it. The
+#: list is explicit so that a check whose query is misnamed fails loudly instead of being
+#: skipped (a test holds this list and the queries to each other).
+CHECKS: dict[str, tuple[str, ...]] = {
+    "store": (
+        "terminal_task_without_reply", "reply_for_live_task", "reply_status_mismatch",
+        "running_without_owner_or_lease", "idle_task_with_owner_or_lease",
+        "attempts_out_of_range", "fence_below_attempts", "reply_attempts_over_budget",
+        "budget_out_of_range", "sending_without_owner_or_lease", "reply_fence_below_attempts",
+        "dead_reply_without_error", "sent_reply_without_time", "task_without_inbox",
+        "inbox_without_task", "decided_after_high_water", "requeue_without_reply",
+        "slot_generation_mismatch", "waiting_not_current", "wait_end_fields",
+        "signaled_without_its_receipt", "accepted_receipt_not_adopted",
+        "receipt_inconsistent_with_wait", "timed_out_before_deadline",
+        "ended_wait_without_continuation", "continuation_value_mismatch",
+        "continuation_effect_mismatch", "effect_task_mismatch", "wait_decided_after_high_water",
+    ),
+    "receiver": (
+        "effect_without_receipt", "duplicate_effects", "receipt_without_effect",
+    ),
+}
 
 #: What the audit's queries are told of the rules they check.
 _AUDIT_PARAMETERS = {"min_budget": DELIVERY_BUDGETS[0], "max_budget": DELIVERY_BUDGETS[-1]}
@@ -73,16 +96,12 @@ def audit_database(database: Database) -> list[Violation]:
             violations.append(Violation("schema", component, f"{problem} (not checked)"))
     if not components:
         return violations or [Violation("schema", "database", "no postroom schema found")]
-    queries = database.dialect.queries
     with database.reading() as tx:
         for component in components:
-            prefix = f"audit_{component}_"
-            for name in queries:
-                if not name.startswith(prefix) or name.endswith("_contents"):
-                    continue
-                check = name[len(prefix):]
+            for check in CHECKS[component]:
                 violations.extend(Violation(check, str(row["identity"]), str(row["detail"]))
-                                  for row in tx.all(name, **_AUDIT_PARAMETERS))
+                                  for row in tx.all(f"audit_{component}_{check}",
+                                                    **_AUDIT_PARAMETERS))
         if "store" in components:
             violations.extend(_store_contents(tx.all("audit_store_contents")))
         if "receiver" in components:

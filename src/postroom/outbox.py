@@ -147,12 +147,3 @@ def requeue(tx: Tx, reply_id: str, *, operator: str, reason: str) -> None:
     if not tx.change("reply_requeue", reply_id=reply_id, now=tx.now):
         raise Fenced(f"reply {reply_id}", "changed while being requeued")
     tx.notify(REPLIES_CHANNEL)
-
-
-def outcomes_for(claims: Sequence[ReplyClaim], outcomes: Sequence[Outcome]) -> list[Outcome]:
-    """Pair a transport's answer with what was sent; a short answer is a transient failure."""
-    if len(outcomes) == len(claims):
-        return list(outcomes)
-    lost = Outcome.transient(f"transport answered {len(outcomes)} outcomes for "
-                             f"{len(claims)} replies")
-    return [lost] * len(claims)

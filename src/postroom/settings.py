@@ -10,14 +10,17 @@ from typing import Protocol
 from postroom.errors import InvalidInput
 from postroom.validation import DEFAULT_LIMITS, Limits, check_text
 
-__all__ = ["DEFAULT_RETENTION", "DELIVERY_BUDGETS", "MAX_RETENTION", "Backoff",
-           "ExponentialBackoff", "FixedBackoff", "Settings", "check_retention"]
+__all__ = ["DEFAULT_RETENTION", "DELIVERY_BUDGETS", "LEASES", "MAX_RETENTION", "Backoff",
+           "ExponentialBackoff", "FixedBackoff", "Settings", "check_lease", "check_retention"]
 
 _DAY = 86_400.0
 #: The retention period a new store publishes unless its first opener gives one: 7 days.
 DEFAULT_RETENTION = 7 * _DAY
 #: The longest retention period a store may publish: 3,650 days.
 MAX_RETENTION = 3650 * _DAY
+#: The shortest and longest lease, in seconds (a task's, a delivery's; a store's default or
+#: one call's): a millisecond to a day.
+LEASES = (0.001, _DAY)
 #: The delivery budgets a store may be given (``postroom audit`` holds stored replies to it).
 DELIVERY_BUDGETS = range(1, 101)
 
@@ -103,8 +106,8 @@ class Settings:
     limits: Limits = DEFAULT_LIMITS
 
     def __post_init__(self) -> None:
-        _bounded("lease", self.lease, 0.001, _DAY)
-        _bounded("dispatch_lease", self.dispatch_lease, 0.001, _DAY)
+        check_lease(self.lease)
+        check_lease(self.dispatch_lease, "dispatch_lease")
         if self.retention is not None:
             check_retention(self.retention)
         if not isinstance(self.limits, Limits):
@@ -125,6 +128,12 @@ class Settings:
                 raise InvalidInput("allowed_sources", "must be a frozenset of principals")
             for source in self.allowed_sources:
                 check_text(source, "allowed_sources", max_bytes=self.limits.text_bytes)
+
+
+def check_lease(seconds: float, field: str = "lease") -> float:
+    """``seconds`` as a lease, or ``InvalidInput`` naming ``field``."""
+    _bounded(field, seconds, *LEASES)
+    return float(seconds)
 
 
 def check_retention(seconds: float) -> float:

@@ -7,23 +7,20 @@ short: nothing slow (a handler, a network call) ever runs inside a transaction.
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from postroom import inbox, outbox, tasks, transitions, waits
+from postroom import inbox, outbox, retention, status, tasks, transports, waits
 from postroom.clock import Clock
-from postroom.db.database import Database, Tx, Write
+from postroom.db.database import Database, Tx
 from postroom.db.wakeups import REPLIES_CHANNEL, Waiter
 from postroom.errors import (
     BatchFailed,
     Fenced,
     InvalidInput,
     NotFound,
-    PayloadCollision,
-    PermanentDeliveryError,
     SchemaError,
     Unauthorized,
 )
@@ -37,41 +34,34 @@ from postroom.models import (
     ExpireResult,
     FollowUp,
     Outcome,
-    OutcomeKind,
     Position,
-    Swept,
     Reply,
     ReplyClaim,
     ReplyState,
     Requeue,
     Resumption,
     SignalReceipt,
+    Swept,
     Task,
     TaskState,
     Wait,
     WaitOpening,
 )
-from postroom.settings import DEFAULT_RETENTION, Settings, check_retention
-from postroom.transitions import reply_id_for
+from postroom.settings import Settings, check_lease, check_retention
 from postroom.transports import Transport
 from postroom.validation import (
+    MAX_BATCH,
     TASK_ID_BYTES,
     CheckedEnvelope,
     check_json,
+    check_limit,
+    check_queues,
     check_text,
     follow_up_principal,
 )
 
 __all__ = ["Store", "open_store"]
 
-PRUNE = Write("prune")
-#: The first publication of the store's settings, by its first opener: decides nothing by time.
-PUBLISH = Write("publish", timed=False)
-#: An operator's change of the retention period: from its time on, what it promises holds.
-RETENTION = Write("retention")
-
-_MAX_LEASE = 86_400.0
-_MAX_BATCH = 10_000
 
 
 class Store:
@@ -91,25 +81,10 @@ class Store:
         """
         self._db = database
         settings = settings if settings is not None else Settings()
-        self._settings = replace(settings, retention=self._adopt_retention(settings.retention))
+        adopted = self._db.write(retention.PUBLISH, lambda tx: retention.adopt(
+            tx, settings.retention))
+        self._settings = replace(settings, retention=adopted)
         self._rng = random.Random(seed)
-
-    def _adopt_retention(self, wanted: float | None) -> float:
-        def publish(tx: Tx) -> float | None:
-            tx.change("published_first", setting="retention",
-                   value=DEFAULT_RETENTION if wanted is None else wanted)
-            found = _published_retention(tx)
-            return None if found is None else found.value
-
-        published = self._db.write(PUBLISH, publish)
-        if published is None:  # pragma: no cover - the statement above just published it
-            raise SchemaError("the store publishes no retention period")
-        if wanted is not None and published != wanted:
-            raise InvalidInput("retention", (
-                f"this store publishes {published:g} seconds, not {wanted:g}: leave "
-                "Settings.retention unset to use the store's, or change the store's with "
-                "postroom init URL --retention SECONDS"))
-        return published
 
     @classmethod
     def open(cls, url: str, *, clock: Clock | None = None, settings: Settings | None = None,
@@ -158,8 +133,8 @@ class Store:
         Every item is validated before anything is written; a collision rolls back the whole
         batch and raises ``PayloadCollision``.
         """
-        if len(envelopes) > _MAX_BATCH:
-            raise InvalidInput("envelopes", f"at most {_MAX_BATCH} per atomic batch")
+        if len(envelopes) > MAX_BATCH:
+            raise InvalidInput("envelopes", f"at most {MAX_BATCH} per atomic batch")
         places = _positions(envelopes, positions)
         checked = [(_indexed(index, inbox.check, self._settings, auth, envelope),
                     _indexed(index, inbox.check_position, self._settings, position))
@@ -192,14 +167,9 @@ class Store:
     def claim_batch(self, owner: str, limit: int, *, queues: Sequence[str] | str = ("default",),
                     lease: float | None = None) -> list[Claim]:
         """Claim up to ``limit`` tasks in one transaction."""
-        limits = self._settings.limits
-        check_text(owner, "owner", max_bytes=limits.text_bytes)
-        _check_limit(limit)
-        names = (queues,) if isinstance(queues, str) else tuple(queues)
-        if not names:
-            raise InvalidInput("queues", "name at least one queue")
-        for name in names:
-            check_text(name, "queues", max_bytes=limits.text_bytes)
+        check_text(owner, "owner", max_bytes=self._settings.limits.text_bytes)
+        check_limit(limit)
+        names = check_queues(queues, self._settings.limits)
         seconds = self._lease(lease, self._settings.lease)
         return self._db.write(tasks.CLAIM, lambda tx: tasks.claim(
             tx, self._settings, owner=owner, queues=names, limit=limit, lease=seconds))
@@ -295,7 +265,7 @@ class Store:
                       lease: float | None = None) -> list[ReplyClaim]:
         """Claim up to ``limit`` replies due for delivery (``sending``, leased, fenced)."""
         check_text(owner, "owner", max_bytes=self._settings.limits.text_bytes)
-        _check_limit(limit)
+        check_limit(limit)
         seconds = self._lease(lease, self._settings.dispatch_lease)
         return self._db.write(outbox.DISPATCH_CLAIM, lambda tx: outbox.claim_replies(
             tx, self._settings, owner=owner, limit=limit, lease=seconds))
@@ -339,7 +309,7 @@ class Store:
         claims = self.claim_replies(owner, limit=limit, lease=lease)
         if not claims:
             return DispatchReport()
-        outcomes = _deliver(transport, claims)
+        outcomes = transports.deliver(transport, claims)
         return self.record_deliveries(zip(claims, outcomes, strict=True))
 
     def requeue_reply(self, reply_id: str, *, operator: str, reason: str) -> None:
@@ -368,10 +338,7 @@ class Store:
         claimable by the passage of time (a retry's backoff, a recovered lease) is found by
         that poll.
         """
-        limits = self._settings.limits
-        names = (queues,) if isinstance(queues, str) else tuple(queues)
-        for name in names:
-            check_text(name, "queues", max_bytes=limits.text_bytes)
+        names = check_queues(queues, self._settings.limits, required=False)
         if not names and not replies:
             raise InvalidInput("queues", "name at least one queue, or ask for replies")
         self._db.dialect.listen()
@@ -445,7 +412,7 @@ class Store:
 
     def continuations(self, *, limit: int = 100) -> list[Continuation]:
         """Unconsumed continuations, oldest first: after a restart, what is left to resume."""
-        _check_limit(limit)
+        check_limit(limit)
         return self._db.read(lambda tx: waits.continuations(tx, limit))
 
     def wait(self, flow: str, step: str, generation: int | None = None) -> Wait:
@@ -467,45 +434,18 @@ class Store:
         will send it again from the watermark, and that must be a duplicate.
         """
         pruned = 0
+        limit = self._settings.sweep_limit
         while True:
-            count, candidates = self._db.write(PRUNE, self._prune_once)
+            count, chosen = self._db.write(retention.PRUNE, lambda tx: retention.prune_once(
+                tx, limit=limit))
             pruned += count
-            if candidates < self._settings.sweep_limit:
+            if chosen < limit:
                 return pruned
-
-    def _prune_once(self, tx: Tx) -> tuple[int, int]:
-        """Prune one sweep; return how many were pruned and how many were candidates."""
-        published = _published_retention(tx)
-        cutoff = tx.now - (published.at(tx.now) if published is not None else self.retention)
-        candidates = tx.all("tasks_prunable", cutoff=cutoff, task_id=None,
-                            limit=self._settings.sweep_limit)
-        rows = candidates
-        if self._db.dialect.chooses_before_locking:
-            # Locked now, but chosen from a snapshot taken before the locks: a wait attached
-            # to one, or a position received for it, that committed meanwhile is seen only
-            # by a new statement. Ask again, one by one.
-            rows = [row for row in candidates
-                    if tx.one("tasks_prunable", cutoff=cutoff, task_id=row["task_id"], limit=1)]
-        if rows:
-            # A claim on a pruned task (reply) may still be held: keep its fence from coming
-            # back on a new one with the same identity.
-            tx.change("fence_floor_raise", kind="task",
-                      floor=max(int(r["task_fence"]) for r in rows))
-            tx.change("fence_floor_raise", kind="reply",
-                   floor=max(int(r["reply_fence"]) for r in rows))
-        for row in rows:
-            task_id = row["task_id"]
-            tx.change("prune_inbox", task_id=task_id)
-            tx.change("prune_stream_positions", task_id=task_id)
-            tx.change("prune_requeues", reply_id=reply_id_for(task_id))
-            tx.change("prune_reply", task_id=task_id)
-            tx.change("prune_task", task_id=task_id)
-        return len(rows), len(candidates)
 
     def info(self) -> dict[str, Any]:
         """Settings, schema version, counts, and the database settings that durability
         depends on with a warning for each weak one, for ``postroom info``."""
-        return describe(self._db, self._settings, settings_from="this Store's Settings")
+        return _info(self._db, self._settings, settings_from="this Store's Settings")
 
     def publish_retention(self, seconds: float) -> float | None:
         """Publish ``seconds`` as the store's retention period; return the one it replaces.
@@ -517,15 +457,7 @@ class Store:
         ``transitions.change_retention``).
         """
         value = check_retention(seconds)
-
-        def publish(tx: Tx) -> float | None:
-            current = _published_retention(tx, locked=True)
-            changed = transitions.change_retention(current, value, tx.now)
-            tx.change("published_set", setting="retention", value=changed.value,
-                   floor_value=changed.floor_value, floor_until=changed.floor_until)
-            return None if current is None else current.value
-
-        previous = self._db.write(RETENTION, publish)
+        previous = self._db.write(retention.RETENTION, lambda tx: retention.change(tx, value))
         self._settings = replace(self._settings, retention=value)
         return previous
 
@@ -558,13 +490,9 @@ class Store:
 
     # -- helpers --------------------------------------------------------------------------------
 
-    def _lease(self, lease: float | None, default: float) -> float:
-        if lease is None:
-            return default
-        if type(lease) not in (int, float) or not (math.isfinite(lease)
-                                                   and 0 < lease <= _MAX_LEASE):
-            raise InvalidInput("lease", f"must be a number of seconds in (0, {_MAX_LEASE}]")
-        return float(lease)
+    @staticmethod
+    def _lease(lease: float | None, default: float) -> float:
+        return default if lease is None else check_lease(lease)
 
     def _follow_ups(self, claim: Claim, follow_ups: Sequence[FollowUp]) -> list[CheckedEnvelope]:
         seen: set[str] = set()
@@ -584,55 +512,14 @@ class Store:
         return checked
 
 
-def describe(database: Database, settings: Settings, *, settings_from: str) -> dict[str, Any]:
-    """What ``Store.info`` reports, read in one read-only transaction of ``database``.
-
-    ``retention_seconds`` is the period the store publishes (``None`` until its first opener
-    publishes one); ``earlier_retention_honoured`` the longer period it still keeps, and
-    until when, for what it received before a shortening (``None`` if none).
-    ``settings_from`` says whose the other settings shown are: they live in the processes
-    that open the store, not in the database.
-    """
-    def read(tx: Tx) -> dict[str, Any]:
-        durability, warnings = database.dialect.durability(tx.conn)
-        return {"retention": _published_retention(tx), "now": tx.now,
-                "tasks": {row["state"]: int(row["n"]) for row in tx.all("task_counts")},
-                "replies": {row["state"]: int(row["n"]) for row in tx.all("reply_counts")},
-                "waits": {row["state"]: int(row["n"]) for row in tx.all("wait_counts")},
-                "unconsumed": tx.one("continuations_unconsumed_count"),
-                "clock": tx.one("clock_read"), "durability": durability, "warnings": warnings}
-
-    found = database.read(read)
-    clock, unconsumed = found["clock"], found["unconsumed"]
-    retention: transitions.Retention | None = found["retention"]
-    honoured = None
-    if retention is None:
-        found["warnings"].append("no retention period is published yet: the store's next "
-                                 "opener publishes one")
-    elif (running := retention.floor(found["now"])) is not None and running[0] > retention.value:
-        honoured = {"seconds": running[0], "until": running[1]}
-    return {
-        "dialect": database.dialect.name,
-        "schema_version": database.schema_version("store"),
-        "settings_from": settings_from,
-        "retention_seconds": None if retention is None else retention.value,
-        "earlier_retention_honoured": honoured,
-        "lease_seconds": settings.lease,
-        "dispatch_lease_seconds": settings.dispatch_lease,
-        "max_hops": settings.max_hops,
-        "delivery_budget": settings.delivery_budget,
-        "time_high_water": float(clock["high_water"]) if clock is not None else None,
-        "tasks": found["tasks"],
-        "replies": found["replies"],
-        "waits": found["waits"],
-        "continuations_unconsumed": int(unconsumed["n"]) if unconsumed is not None else 0,
-        "durability": found["durability"],
-        "warnings": found["warnings"],
-    }
+def _info(database: Database, settings: Settings, *, settings_from: str) -> dict[str, Any]:
+    schema_version = database.schema_version("store")
+    return database.read(lambda tx: status.info(tx, settings, schema_version=schema_version,
+                                                settings_from=settings_from))
 
 
 def inspect_store(url: str, *, settings: Settings | None = None) -> dict[str, Any]:
-    """``describe`` the store at ``url`` without creating, migrating or writing anything.
+    """``Store.info`` of the store at ``url`` without creating, migrating or writing anything.
 
     Raises ``SchemaError`` if ``url`` holds no postroom store, or one whose schema is older
     (``postroom init`` upgrades it) or newer than this postroom's.
@@ -648,22 +535,12 @@ def inspect_store(url: str, *, settings: Settings | None = None) -> dict[str, An
         if problem is not None:
             raise SchemaError(f"the store's schema is {problem}")
         if settings is None:
-            return describe(database, Settings(), settings_from=(
+            return _info(database, Settings(), settings_from=(
                 "postroom's defaults (an application's own Settings are not in the "
                 "database), except retention_seconds: the store's published period"))
-        return describe(database, settings, settings_from="the Settings given")
+        return _info(database, settings, settings_from="the Settings given")
     finally:
         database.close()
-
-
-def _published_retention(tx: Tx, *, locked: bool = False) -> transitions.Retention | None:
-    row = tx.one("published_read_locked" if locked else "published_read", setting="retention")
-    if row is None:
-        return None
-    floor_value, floor_until = row["floor_value"], row["floor_until"]
-    return transitions.Retention(
-        float(row["value"]), None if floor_value is None else float(floor_value),
-        None if floor_until is None else float(floor_until))
 
 
 def open_store(url: str, *, clock: Clock | None = None, settings: Settings | None = None,
@@ -692,29 +569,3 @@ def _indexed(index: int, check: Any, *args: Any, prefix: str = "envelopes",
     except Unauthorized as exc:  # e.g. one item's sender is not the principal
         raise Unauthorized(f"{prefix}[{index}]: {exc}") from None
 
-
-def _check_limit(limit: int) -> None:
-    if type(limit) is not int or not 1 <= limit <= _MAX_BATCH:
-        raise InvalidInput("limit", f"must be an int in 1..{_MAX_BATCH}, got {limit!r}")
-
-
-def _deliver(transport: Transport, claims: Sequence[ReplyClaim]) -> list[Outcome]:
-    batch = [claim.outgoing() for claim in claims]
-    try:
-        answered = transport.deliver(batch)
-    except (PayloadCollision, PermanentDeliveryError) as exc:
-        if len(claims) > 1:
-            # A refusal raised for a whole batch belongs to one reply we cannot name, and the
-            # others may be committed far away: ask again one reply at a time (the receiver
-            # dedupes), so that only the refused one is dead.
-            return [outcome for claim in claims for outcome in _deliver(transport, [claim])]
-        if isinstance(exc, PayloadCollision):
-            return [Outcome.collision(str(exc))]
-        return [Outcome.permanent(str(exc))]
-    except Exception as exc:
-        # Whatever the transport raised, the far side may or may not have committed: the
-        # only honest record is "unknown, try again", which the receiver's dedupe makes safe.
-        return [Outcome.transient(f"{type(exc).__name__}: {exc}")] * len(claims)
-    outcomes = outbox.outcomes_for(claims, answered)
-    return [o if isinstance(o, Outcome) and isinstance(o.kind, OutcomeKind)
-            else Outcome.transient(f"transport answered {o!r}") for o in outcomes]

@@ -25,12 +25,13 @@ __all__ = [
     "CLAIM",
     "FAIL",
     "FINISH",
-    "SWEEP",
     "RENEW",
+    "SWEEP",
     "SweepCounts",
     "apply",
     "cancel",
     "claim",
+    "claim_from_row",
     "fail",
     "finish",
     "finish_all",
@@ -74,14 +75,37 @@ def apply(tx: Tx, settings: Settings, task_id: str, decision: TaskDecision, *,
     return True
 
 
+#: What a claim copies from its task: the claim's field, the task's column, the column's
+#: Python type. ``{claim_is_current}`` holds every one of them to the task's own.
+_COPIED = (("attempt", "attempts", int), ("max_attempts", "max_attempts", int),
+           ("hops", "hops", int), ("deadline", "deadline", float),
+           ("principal", "principal", str), ("queue", "queue", str))
+
+
+def claim_from_row(row: Mapping[str, Any], owner: str) -> Claim:
+    """The claim a ``claim_tasks`` row hands ``owner``."""
+    return Claim(task_id=row["task_id"], owner=owner, fence=int(row["fence"]),
+                 payload=json.loads(row["payload"]), lease_until=float(row["lease_until"]),
+                 message_id=row["message_id"], **_issued(row))
+
+
+def _issued(row: Mapping[str, Any]) -> dict[str, Any]:
+    """What a claim on the task in ``row`` carries from it, by the claim's field names."""
+    return {field: kind(row[column]) for field, column, kind in _COPIED}
+
+
+def _current(claim: Claim, now: float) -> dict[str, Any]:
+    """The parameters of ``{claim_is_current}`` for ``claim`` at ``now``."""
+    return {"task_id": claim.task_id, "claim_owner": claim.owner, "fence": claim.fence,
+            "now": now, **{field: getattr(claim, field) for field, _, _ in _COPIED}}
+
+
 def _owned(claim: Claim, decision: TaskDecision, now: float) -> dict[str, Any]:
     """Parameters of ``task_apply_owned``: apply ``decision`` while ``claim`` is current."""
-    return {"task_id": claim.task_id, "claim_owner": claim.owner, "fence": claim.fence,
-            "attempt": claim.attempt, "max_attempts": claim.max_attempts, "hops": claim.hops,
-            "deadline": claim.deadline, "principal": claim.principal, "queue": claim.queue,
-            "to_state": decision.to_state.value, "owner": None, "lease_until": None,
-            "available_at": decision.available_at, "result": decision.result,
-            "last_error": decision.last_error, "now": now}
+    return _current(claim, now) | {
+        "to_state": decision.to_state.value, "owner": None, "lease_until": None,
+        "available_at": decision.available_at, "result": decision.result,
+        "last_error": decision.last_error}
 
 
 def _apply_owned(tx: Tx, settings: Settings, claim: Claim, decision: TaskDecision) -> None:
@@ -118,13 +142,6 @@ def fenced(tx: Tx, claim: Claim) -> Fenced:
                   if float(row["lease_until"]) <= tx.now
                   else f"the deadline {row['deadline']} passed (now {tx.now})")
     return Fenced(f"task {claim.task_id}", reason, decided_at=decided_at)
-
-
-def _issued(row: Mapping[str, Any]) -> dict[str, object]:
-    """What a claim on the task in ``row`` carries from it, by the claim's field names."""
-    return {"attempt": int(row["attempts"]), "max_attempts": int(row["max_attempts"]),
-            "hops": int(row["hops"]), "deadline": float(row["deadline"]),
-            "principal": row["principal"], "queue": row["queue"]}
 
 
 def sweep(tx: Tx, settings: Settings, counts: SweepCounts) -> None:
@@ -170,13 +187,7 @@ def claim(tx: Tx, settings: Settings, *, owner: str, queues: Sequence[str], limi
     for queue in ordered:
         rows = tx.all("claim_tasks", queue=queue, now=now, limit=limit - len(claims),
                       owner=owner, lease_until=now + lease)
-        claims.extend(
-            Claim(task_id=row["task_id"], owner=owner, fence=int(row["fence"]),
-                  attempt=int(row["attempts"]), max_attempts=int(row["max_attempts"]),
-                  payload=json.loads(row["payload"]), queue=row["queue"], hops=int(row["hops"]),
-                  deadline=float(row["deadline"]), lease_until=float(row["lease_until"]),
-                  principal=row["principal"], message_id=row["message_id"])
-            for row in rows)
+        claims.extend(claim_from_row(row, owner) for row in rows)
         if len(claims) >= limit:
             break
     return claims
@@ -184,8 +195,7 @@ def claim(tx: Tx, settings: Settings, *, owner: str, queues: Sequence[str], limi
 
 def renew(tx: Tx, claim: Claim, *, lease: float) -> Claim:
     """Extend a current claim's lease; a stale, expired or past-deadline claim is fenced."""
-    row = tx.one("task_renew", task_id=claim.task_id, claim_owner=claim.owner,
-                 fence=claim.fence, lease_until=tx.now + lease, now=tx.now)
+    row = tx.one("task_renew", lease_until=tx.now + lease, **_current(claim, tx.now))
     if row is None:
         raise fenced(tx, claim)
     return replace(claim, lease_until=float(row["lease_until"]))

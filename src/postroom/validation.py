@@ -122,6 +122,26 @@ def check_text(value: object, field: str, *, max_bytes: int,
     return value
 
 
+#: The most items one batch call takes (claims, envelopes of an atomic batch, ...).
+MAX_BATCH = 10_000
+
+
+def check_limit(limit: object, field: str = "limit") -> int:
+    """How many items a batch call may handle: an int in ``1..MAX_BATCH``."""
+    return check_int(limit, field, low=1, high=MAX_BATCH)
+
+
+def check_queues(queues: object, limits: Limits, *, required: bool = True) -> tuple[str, ...]:
+    """Queue names: one name, or a sequence of them (at least one when ``required``)."""
+    names = (queues,) if isinstance(queues, str) else queues
+    if not isinstance(names, (list, tuple, set, frozenset)):
+        raise InvalidInput("queues", f"must be a queue name or a sequence of them, got "
+                                     f"{type(queues).__name__}")
+    if required and not names:
+        raise InvalidInput("queues", "name at least one queue")
+    return tuple(check_text(name, "queues", max_bytes=limits.text_bytes) for name in names)
+
+
 def check_int(value: object, field: str, *, low: int, high: int,
               error: type[InvalidInput] = InvalidInput) -> int:
     """An ``int`` (not ``bool``) in ``low..high``."""

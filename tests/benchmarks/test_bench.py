@@ -293,3 +293,12 @@ def test_a_dead_postgres_worker_process_fails_the_next_round_at_once():
     finally:
         swarm.close()
         pg.drop_schema(url)
+
+
+def test_the_cli_knows_the_bench_scenarios_and_default_url_without_importing_the_bench():
+    from postroom import cli
+    from postroom._bench.runner import SCENARIOS
+    from postroom._bench.scenarios.postgres import DEFAULT_URL
+
+    assert tuple(SCENARIOS) == cli.BENCH_SCENARIOS
+    assert cli.DEFAULT_PG_URL == DEFAULT_URL

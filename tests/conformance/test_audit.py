@@ -120,3 +120,13 @@ def test_auditing_a_missing_sqlite_file_reports_it_and_creates_nothing(tmp_path)
     [violation] = audit_url(f"sqlite:///{missing}")
     assert violation.check == "database"
     assert not missing.exists()
+
+
+def test_every_audit_query_is_a_listed_check_and_every_listed_check_has_its_query(store):
+    from postroom.audit import CHECKS
+
+    queries = {name for name in database_of(store).dialect.queries
+               if name.startswith("audit_") and not name.endswith("_contents")}
+    listed = {f"audit_{component}_{check}" for component, checks in CHECKS.items()
+              for check in checks}
+    assert queries == listed

@@ -29,7 +29,7 @@ from typing import Any
 from postroom.audit import audit_database
 from postroom.db.database import Tx
 from postroom.errors import Fenced, InvalidInput, PostroomError
-from postroom.models import AuthContext, Envelope
+from postroom.models import AuthContext, Envelope, TaskState
 from postroom.receiver import Receiver
 from postroom.settings import FixedBackoff, Settings
 from postroom.store import Store, open_store
@@ -39,7 +39,7 @@ from tests.support import database_of
 __all__ = ["DrainReport", "run_drain"]
 
 QUEUE = "drain"
-_TERMINAL = ("done", "failed", "cancelled", "expired", "hop_limit")
+_TERMINAL = tuple(state.value for state in TaskState if state.terminal)
 _EFFECTS_TABLE = ("CREATE TABLE IF NOT EXISTS drain_effects "
                   "(reply_id TEXT NOT NULL, task_id TEXT NOT NULL, status TEXT NOT NULL)")
 

@@ -81,6 +81,11 @@ class Tx:
         self.channels: set[str] = set()
 
     @property
+    def backend(self) -> str:
+        """The dialect's name: ``sqlite`` or ``postgres``."""
+        return self._dialect.name
+
+    @property
     def conn(self) -> Any:
         """The dialect's connection this transaction runs on (for dialect hooks)."""
         return self._conn
@@ -140,6 +145,17 @@ class Tx:
         """
         self.wrote = True
         return self._dialect.execute(self._conn, self._dialect.convert(sql), params or {})
+
+    def confirm_locked(self, rows: list[T], still: Callable[[T], bool]) -> list[T]:
+        """The ``rows`` a locking statement chose that still hold: ``still(row)`` asks one
+        again where the dialect's locking statements may have chosen from an older snapshot
+        (see ``Dialect.confirm_locked``)."""
+        return self._dialect.confirm_locked(rows, still)
+
+    def durability(self) -> tuple[dict[str, str], list[str]]:
+        """The database settings commits' durability depends on, and a warning for each one
+        that weakens it (see ``Dialect.durability``)."""
+        return self._dialect.durability(self._conn)
 
     def catch_up_time(self) -> None:
         """Call after a lock or a read that may see what a decision committed after this

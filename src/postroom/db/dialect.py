@@ -7,8 +7,11 @@ named queries). A dialect provides only:
 - the parameter style and the query fragments that differ (``convert``, ``fragments``),
 - the time source (``default_clock``, ``source_time``, ``current_time``) and which row of the
   time high-water a connection advances (``clock_shard``),
-- error classification (``translate``), the driver's error base (``driver_error``) and which
+- error classification: ``translate`` is written once here, from two hooks that say what a
+  driver error is (``is_transient``, ``is_unique_violation``), so the same failure is the
+  same postroom error on both backends; the driver's error base (``driver_error``) and which
   failures are retried (``retry_delay``),
+- whether rows a locking statement chose must be asked again (``confirm_locked``),
 - the last statements of a write transaction (``before_commit``: e.g. emitting wake-ups),
   wake-ups for waiters (``wakeups``, ``listen``), migration locking and query plans.
 """
@@ -16,11 +19,11 @@ named queries). A dialect provides only:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from functools import cached_property
 from importlib import resources
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from postroom.clock import Clock, SystemClock, finite_time
 from postroom.db.queries import QuerySet, load_queries
@@ -33,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["Dialect", "Row"]
 
 Row = Mapping[str, Any]
+T = TypeVar("T")
 
 
 class Dialect(ABC):
@@ -44,10 +48,6 @@ class Dialect(ABC):
     fragments: ClassVar[Mapping[str, str]]
     #: The driver's base exception class, translated at the boundary.
     driver_error: ClassVar[type[BaseException]]
-    #: Whether a statement that locks rows may have chosen them from a snapshot older than
-    #: its locks (PostgreSQL's READ COMMITTED), so that what it chose must be asked again; not
-    #: where one writer runs at a time (SQLite).
-    chooses_before_locking: ClassVar[bool] = False
 
     @cached_property
     def queries(self) -> QuerySet:
@@ -91,8 +91,37 @@ class Dialect(ABC):
         """Run a schema script inside the open transaction."""
 
     @abstractmethod
+    def is_transient(self, exc: BaseException) -> bool:
+        """Whether ``exc`` left nothing committed and may pass (busy, locked, session lost)."""
+
+    @abstractmethod
+    def is_unique_violation(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is a unique or primary key violation."""
+
+    def describe(self, exc: BaseException) -> str:
+        """``exc`` in one line, prefixed with the backend (``sqlite /path: ...``)."""
+        text = str(exc).strip()
+        return f"{self.name}: {text.splitlines()[0] if text else type(exc).__name__}"
+
     def translate(self, exc: BaseException) -> PostroomError:
-        """Map a driver error to postroom's exception tree."""
+        """Map a driver error to postroom's exception tree: ``StoreUnavailable`` when it is
+        transient, ``Conflict`` for a unique violation, ``StoreError`` otherwise."""
+        from postroom.errors import Conflict, StoreError, StoreUnavailable
+
+        if self.is_transient(exc):
+            return StoreUnavailable(self.describe(exc))
+        if self.is_unique_violation(exc):
+            return Conflict(self.describe(exc))
+        return StoreError(self.describe(exc))
+
+    def confirm_locked(self, rows: list[T], still: Callable[[T], bool]) -> list[T]:
+        """The ``rows`` a locking statement chose that still hold (``still(row)``).
+
+        Where one writer runs at a time (SQLite) what a statement chose is what it locked:
+        all of them. A dialect whose locking statements may choose from a snapshot older
+        than their locks (PostgreSQL's READ COMMITTED) asks each row again.
+        """
+        return rows
 
     @abstractmethod
     def explain(self, conn: Any, sql: str, params: Mapping[str, Any]) -> list[str]:

@@ -62,7 +62,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -76,9 +76,8 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from postroom.clock import Clock
 from postroom.db import redacted_url
-from postroom.db.dialect import Dialect, Row
+from postroom.db.dialect import Dialect, Row, T
 from postroom.errors import (
-    Conflict,
     OutcomeUnknown,
     PostroomError,
     StoreError,
@@ -239,7 +238,6 @@ class PostgresDialect(Dialect):
         "server_time": "CAST(extract(epoch FROM clock_timestamp()) AS DOUBLE PRECISION)",
     }
     driver_error: ClassVar[type[BaseException]] = psycopg.Error
-    chooses_before_locking: ClassVar[bool] = True
 
     def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8,
                  connect_timeout: float = 10.0, idle_in_transaction_timeout: float = 60.0,
@@ -480,15 +478,21 @@ class PostgresDialect(Dialect):
         settings = {name: str(row[name]) for name in _DURABILITY_SETTINGS}
         return settings, durability_warnings(settings)
 
-    def translate(self, exc: BaseException) -> PostroomError:
-        """Sessions lost, serialization failures, deadlocks and lock timeouts are transient
-        (raised before COMMIT, so nothing was committed); a unique violation is a conflict."""
-        state = getattr(exc, "sqlstate", None)
-        if isinstance(exc, psycopg.OperationalError) or state in _SESSION_ENDED:
-            return StoreUnavailable(f"postgres: {_first_line(exc)}")
-        if isinstance(exc, psycopg.errors.UniqueViolation):
-            return Conflict(f"postgres: {_first_line(exc)}")
-        return StoreError(f"postgres: {_first_line(exc)}")
+    def is_transient(self, exc: BaseException) -> bool:
+        """Sessions lost, serialization failures, deadlocks and lock timeouts (raised before
+        COMMIT, so nothing was committed)."""
+        return (isinstance(exc, psycopg.OperationalError)
+                or getattr(exc, "sqlstate", None) in _SESSION_ENDED)
+
+    def is_unique_violation(self, exc: BaseException) -> bool:
+        """SQLSTATE 23505."""
+        return isinstance(exc, psycopg.errors.UniqueViolation)
+
+    def confirm_locked(self, rows: list[T], still: Callable[[T], bool]) -> list[T]:
+        """Under READ COMMITTED a locking statement chooses rows from its snapshot and then
+        locks them; what committed meanwhile is seen only by a new statement: ask each row
+        again."""
+        return [row for row in rows if still(row)]
 
     def retry_delay(self, exc: PostroomError, attempt: int) -> float | None:
         """Retry a failure that committed nothing, with jittered exponential backoff.
@@ -614,11 +618,6 @@ def _session_lost(pg: psycopg.Connection[Any], exc: BaseException) -> bool:
     state = getattr(exc, "sqlstate", None)
     return bool(pg.broken or pg.closed or state in _SESSION_ENDED
                 or (state is not None and state.startswith("08")))
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _refusal(url: str, timeout: float) -> str:

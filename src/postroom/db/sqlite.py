@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from postroom.db.dialect import Dialect
-from postroom.errors import PostroomError, StoreError, StoreUnavailable
 
 __all__ = ["SQLiteDialect"]
 
@@ -26,6 +25,11 @@ _TRANSIENT_CODES = {
     sqlite3.SQLITE_LOCKED,
     getattr(sqlite3, "SQLITE_BUSY_SNAPSHOT", 517),
     getattr(sqlite3, "SQLITE_BUSY_RECOVERY", 261),
+}
+
+_UNIQUE_CODES = {
+    getattr(sqlite3, "SQLITE_CONSTRAINT_UNIQUE", 2067),
+    getattr(sqlite3, "SQLITE_CONSTRAINT_PRIMARYKEY", 1555),
 }
 
 _SYNCHRONOUS = {0: "off", 1: "normal", 2: "full", 3: "extra"}
@@ -141,12 +145,17 @@ class SQLiteDialect(Dialect):
         if buffer.strip() and not buffer.strip().startswith("--"):
             conn.execute(buffer)
 
-    def translate(self, exc: BaseException) -> PostroomError:
-        """Busy and locked are transient; everything else is a store error."""
-        code = getattr(exc, "sqlite_errorcode", None)
-        if code in _TRANSIENT_CODES:
-            return StoreUnavailable(f"sqlite {self.path}: {exc}")
-        return StoreError(f"sqlite {self.path}: {exc}")
+    def is_transient(self, exc: BaseException) -> bool:
+        """Busy and locked (another connection holds the lock past the busy timeout)."""
+        return getattr(exc, "sqlite_errorcode", None) in _TRANSIENT_CODES
+
+    def is_unique_violation(self, exc: BaseException) -> bool:
+        """A UNIQUE or PRIMARY KEY constraint failed."""
+        return getattr(exc, "sqlite_errorcode", None) in _UNIQUE_CODES
+
+    def describe(self, exc: BaseException) -> str:
+        """``exc`` in one line, naming the database file."""
+        return f"sqlite {self.path}: {exc}"
 
     def durability(self, conn: sqlite3.Connection) -> tuple[dict[str, str], list[str]]:
         """The journal mode and ``synchronous`` level of postroom's connection."""

@@ -60,7 +60,8 @@ def _check(store: postroom.Store, rounds: int, per_round: int) -> None:
     require_clean_audit(store._db)
     with store._db.reading() as tx:
         receipts = tx.execute("SELECT result FROM wait_receipts").fetchall()
-        continuations = tx.execute("SELECT flow, kind, generation FROM wait_continuations").fetchall()
+        continuations = tx.execute(
+            "SELECT flow, kind, generation FROM wait_continuations").fetchall()
     results = Counter(row["result"] for row in receipts)
     if results != {"accepted": rounds * per_round}:
         raise BenchError(f"{rounds} rounds of {per_round} signals left receipts {results}")

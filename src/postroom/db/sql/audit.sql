@@ -6,13 +6,13 @@
 -- Every terminal task has exactly one reply.
 SELECT tasks.task_id AS identity, tasks.state AS detail FROM tasks
 LEFT JOIN replies ON replies.task_id = tasks.task_id
-WHERE tasks.state NOT IN ('pending', 'running') AND replies.reply_id IS NULL
+WHERE tasks.state IN ({terminal_task_states}) AND replies.reply_id IS NULL
 
 -- name: audit_store_reply_for_live_task
 -- No reply exists for a task that is not terminal (or for no task at all).
 SELECT replies.reply_id AS identity, coalesce(tasks.state, 'no task') AS detail FROM replies
 LEFT JOIN tasks ON tasks.task_id = replies.task_id
-WHERE tasks.task_id IS NULL OR tasks.state IN ('pending', 'running')
+WHERE tasks.task_id IS NULL OR tasks.state IN ({live_task_states})
 
 -- name: audit_store_reply_status_mismatch
 -- A reply reports its task's terminal state and is named after its task.

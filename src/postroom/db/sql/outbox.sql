@@ -1,5 +1,5 @@
--- The outbox of replies and the receiver's receipts. Reply transitions are guarded by state
--- and fence exactly like task transitions.
+-- The outbox of replies. Reply transitions are guarded by state and fence exactly like task
+-- transitions. (The receiver's receipts are in receiver.sql.)
 
 -- name: reply_insert
 -- Write a terminal task's reply; its id and content never change afterwards. Its fence
@@ -84,27 +84,3 @@ SELECT * FROM reply_requeues WHERE reply_id = :reply_id ORDER BY requeue_id
 -- name: reply_counts
 -- How many replies are in each state.
 SELECT state, count(*) AS n FROM replies GROUP BY state
-
--- name: receipt_insert
--- Receiver: record a reply's receipt unless its id was already received.
-INSERT INTO receiver_receipts (reply_id, fingerprint, body, received_at)
-VALUES (:reply_id, :fingerprint, :body, :now)
-ON CONFLICT (reply_id) DO NOTHING
-RETURNING reply_id
-
--- name: receipt_get
--- Receiver: the stored receipt of a reply id.
-SELECT * FROM receiver_receipts WHERE reply_id = :reply_id
-
--- name: effect_insert
--- Receiver: the business effect of a newly received reply (at most one per reply id).
-INSERT INTO receiver_effects (reply_id, task_id, status, result, applied_at)
-VALUES (:reply_id, :task_id, :status, :result, :now)
-
--- name: effect_count
--- Receiver: how many effects a reply id has (0 or 1 when the invariants hold).
-SELECT count(*) AS n FROM receiver_effects WHERE reply_id = :reply_id
-
--- name: effects_total
--- Receiver: how many effects there are in all.
-SELECT count(*) AS n FROM receiver_effects

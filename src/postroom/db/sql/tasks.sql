@@ -76,10 +76,28 @@ SELECT max(seq) AS missing FROM run
 UPDATE streams SET watermark = :watermark
 WHERE principal = :principal AND stream = :stream AND watermark < :watermark
 
+-- fragment: claimable
+-- A task that a claim of queue :queue may pick at :now: pending, available, its deadline
+-- still ahead. (The partial index tasks_claimable serves it, head first.)
+state = 'pending' AND queue = :queue AND available_at <= :now AND deadline > :now
+
+-- fragment: claim_is_current
+-- The claim (:claim_owner, :fence) is still the task's: running under that owner and fence,
+-- its lease unexpired and the deadline not reached. Decisions are made from the claim's
+-- attempt count and limits, and follow-ups from its principal, queue, hops and deadline, so
+-- a claim whose copy of them differs from the task's own is not this task's claim either.
+state = 'running' AND owner = :claim_owner AND fence = :fence
+  AND lease_until > :now AND deadline > :now
+  AND attempts = :attempt AND max_attempts = :max_attempts AND hops = :hops
+  AND principal = :principal AND queue = :queue
+  -- As a difference, not deadline = :deadline, which a planner without statistics may
+  -- answer from the deadline index: slow when many tasks share one deadline.
+  AND deadline - :deadline = 0
+
 -- name: claim_head
 -- When the next claimable task of one queue became available (for ordering several queues).
 SELECT available_at FROM tasks
-WHERE state = 'pending' AND queue = :queue AND available_at <= :now AND deadline > :now
+WHERE {claimable}
 ORDER BY available_at
 LIMIT 1
 
@@ -88,7 +106,7 @@ LIMIT 1
 -- ({or_fail}: see the SQLite dialect; the transaction rolls back on any error anyway.)
 WITH picked AS (
     SELECT task_id FROM tasks
-    WHERE state = 'pending' AND queue = :queue AND available_at <= :now AND deadline > :now
+    WHERE {claimable}
     ORDER BY available_at
     LIMIT :limit
     {skip_locked}
@@ -114,7 +132,7 @@ LIMIT :limit
 -- name: tasks_deadline_passed
 -- Live tasks whose deadline passed, oldest first (bounded sweep, locked rows skipped).
 SELECT task_id, state, fence, deadline FROM tasks
-WHERE state IN ('pending', 'running') AND deadline <= :now
+WHERE state IN ({live_task_states}) AND deadline <= :now
 ORDER BY deadline
 LIMIT :limit
 {skip_locked}
@@ -137,28 +155,18 @@ WHERE task_id = :task_id AND state = :from_state AND fence = :fence
 RETURNING task_id
 
 -- name: task_apply_owned
--- Apply an owner's decision: only while the owner's claim is current, its lease unexpired
--- and the deadline not reached. The decision was made from the claim's attempt count and
--- limits, and follow-ups from its principal, queue, hops and deadline: a claim whose copy
--- of them differs from the task's own is not this task's claim.
+-- Apply an owner's decision, only while the owner's claim is current.
 UPDATE tasks
 SET state = :to_state, owner = :owner, lease_until = :lease_until,
     available_at = :available_at, result = :result, last_error = :last_error,
     updated_at = :now
-WHERE task_id = :task_id AND state = 'running' AND owner = :claim_owner
-  AND fence = :fence AND lease_until > :now AND deadline > :now
-  AND attempts = :attempt AND max_attempts = :max_attempts AND hops = :hops
-  AND principal = :principal AND queue = :queue
-  -- As a difference, not deadline = :deadline, which a planner without statistics may
-  -- answer from the deadline index: slow when many tasks share one deadline.
-  AND deadline - :deadline = 0
+WHERE task_id = :task_id AND {claim_is_current}
 RETURNING task_id
 
 -- name: task_renew
 -- Extend a current claim's lease.
 UPDATE tasks SET lease_until = :lease_until, updated_at = :now
-WHERE task_id = :task_id AND state = 'running' AND owner = :claim_owner
-  AND fence = :fence AND lease_until > :now AND deadline > :now
+WHERE task_id = :task_id AND {claim_is_current}
 RETURNING lease_until
 
 -- name: tasks_prunable
@@ -172,7 +180,7 @@ JOIN tasks ON tasks.task_id = inbox.task_id
 JOIN replies ON replies.task_id = inbox.task_id
 WHERE inbox.received_at < :cutoff
   AND (CAST(:task_id AS TEXT) IS NULL OR inbox.task_id = :task_id)
-  AND tasks.state IN ('done', 'failed', 'cancelled', 'expired', 'hop_limit')
+  AND tasks.state IN ({terminal_task_states})
   AND replies.state = 'sent'
   AND NOT EXISTS (
       SELECT 1 FROM waits
