@@ -321,6 +321,11 @@ def _fail(ctx: Context, reason: str, retryable: bool = True) -> postroom.TaskSta
     return _store(ctx).fail(ctx.held, reason, retryable=retryable)
 
 
+@step("release")
+def _release(ctx: Context, delay: float = 0.0) -> None:
+    _store(ctx).release(ctx.held, delay=delay)
+
+
 @step("cancel")
 def _cancel(ctx: Context, task_id: str) -> bool:
     return _store(ctx).cancel(task_id)

@@ -16,7 +16,7 @@ from postroom.db.dialect import Row
 from postroom.errors import PostroomError
 from postroom.models import TaskState
 from postroom.settings import DELIVERY_BUDGETS
-from postroom.transitions import reply_content, reply_id_for
+from postroom.transitions import Route, legacy_reply_body, reply_content, reply_id_for
 from postroom.validation import canonical_json, fingerprint, task_id_for
 
 __all__ = ["CHECKS", "Violation", "audit_database", "audit_url"]
@@ -150,24 +150,36 @@ def _store_contents(rows: Sequence[Row]) -> list[Violation]:
         if fingerprint(r["body"]) != r["reply_fingerprint"]:
             found.append(Violation("reply_fingerprint", r["reply_id"],
                                    "stored fingerprint does not match the body"))
-        expected = _expected_body(task_id, r["status"], r["result"], r["last_error"])
-        if r["body"] != expected:
+        if r["body"] not in _expected_bodies(r):
             found.append(Violation("reply_content", r["reply_id"],
                                    "body is not the canonical result of its task"))
+        if r["reply_requester"] != r["requester"]:
+            found.append(Violation("reply_route", r["reply_id"],
+                                   f"goes to {r['reply_requester']!r}; its task's requester is "
+                                   f"{r['requester']!r}"))
         if r["reply_id"] != reply_id_for(task_id):
             found.append(Violation("reply_identity", r["reply_id"],
                                    f"expected {reply_id_for(task_id)}"))
     return found
 
 
-def _expected_body(task_id: str, status: str, result: str | None,
-                   last_error: str | None) -> str:
+def _expected_bodies(row: dict[str, object]) -> tuple[str, ...]:
+    """The bodies a reply may have: the canonical result of its task with the task's route,
+    or the same without the route, as replies written before routing was stored have it."""
     try:
-        state = TaskState(status)
+        state = TaskState(str(row["status"]))
     except ValueError:
-        return ""
+        return ()
+    task_id, result, error = str(row["task_id"]), row["result"], row["last_error"]
     # A done task's reply carries the stored result; any other carries its error document,
     # made from the error the task keeps.
-    result_json = (result if state is TaskState.DONE and result is not None
-                   else canonical_json({"error": last_error}))
-    return reply_content(task_id, state, result_json).body
+    result_json = (str(result) if state is TaskState.DONE and result is not None
+                   else canonical_json({"error": error}))
+    route = Route(_text(row["requester"]), _text(row["correlation_id"]),
+                  _text(row["parent_task_id"]))
+    return (reply_content(task_id, state, result_json, route).body,
+            legacy_reply_body(task_id, state, result_json))
+
+
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)

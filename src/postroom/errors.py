@@ -7,7 +7,8 @@ Every error postroom raises on purpose is a ``PostroomError``::
     ├── InvalidInput            (also ValueError)       refused before any write; names the field
     │   └── InvalidEnvelope                             ... for a field of an Envelope
     ├── Conflict                                        same identity, different meaning
-    │   └── PayloadCollision                            same id, different content fingerprint
+    │   ├── PayloadCollision                            same id, different content fingerprint
+    │   └── WaitNotOpened                               a finish's wait could not open
     ├── Fenced                                          a stale owner or fence; nothing written
     ├── BatchFailed                                     item-by-item batch stopped; has the prefix
     ├── NotFound                (also LookupError)      no such task / reply
@@ -28,7 +29,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from postroom.models import Ack
+    from postroom.models import Ack, WaitOpening
 
 __all__ = [
     "BatchFailed",
@@ -47,6 +48,7 @@ __all__ = [
     "StoreUnavailable",
     "TransientDeliveryError",
     "Unauthorized",
+    "WaitNotOpened",
 ]
 
 
@@ -88,6 +90,19 @@ class PayloadCollision(Conflict):
         self.identity = identity
         message = f"{identity} already exists with different content"
         super().__init__(f"{message}: {detail}" if detail else message)
+
+
+class WaitNotOpened(Conflict):
+    """A wait that ``finish`` was to open with the task's result did not open, so the finish
+    wrote nothing: the slot was not at the expected generation (``stale``), its current
+    generation is still waiting (``busy``) or its continuation is unconsumed
+    (``pending_continuation``). ``opening`` is what ``open_wait`` answered."""
+
+    def __init__(self, opening: WaitOpening) -> None:
+        self.opening = opening
+        super().__init__(f"wait {opening.flow!r}/{opening.step!r} did not open: "
+                         f"{opening.result.value} (its generation is {opening.generation}); "
+                         f"nothing was written")
 
 
 class Fenced(PostroomError):

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from postroom import transitions
+from postroom import outbox, transitions
 from postroom.db.database import Tx, Write
-from postroom.db.wakeups import REPLIES_CHANNEL
 from postroom.errors import (
     InvalidEnvelope,
     InvalidInput,
@@ -17,7 +16,7 @@ from postroom.errors import (
 )
 from postroom.models import Ack, AuthContext, Envelope, FollowUp, Position, TaskState
 from postroom.settings import Settings
-from postroom.transitions import ReplyContent, TaskDecision
+from postroom.transitions import TaskDecision
 from postroom.validation import (
     FOLLOW_UP_NAMESPACES,
     CheckedEnvelope,
@@ -27,8 +26,7 @@ from postroom.validation import (
 )
 
 __all__ = ["RECEIVE", "RECEIVE_ATOMIC", "Parent", "authorize", "check", "check_follow_up",
-           "check_position", "insert_replies", "insert_reply", "principal_of", "store_all",
-           "store_message", "watermark"]
+           "check_position", "principal_of", "store_all", "store_message", "watermark"]
 
 RECEIVE = Write("receive")
 RECEIVE_ATOMIC = Write("receive_atomic")
@@ -81,14 +79,16 @@ class Parent:
     deadline: float
     hops: int
     queue: str
+    requester: str | None  # the principal that sent the chain's root
 
 
 def check_follow_up(settings: Settings, follow_up: FollowUp, parent: Parent, *,
                     namespace: str) -> CheckedEnvelope:
     """The envelope of a follow-up of ``parent``, identified by ``message_id`` in ``namespace``.
 
-    Hops and the parent link are computed here, never taken from the caller; queue and
-    deadline default to the parent's.
+    Hops, the parent link and the requester (the chain's, so its reply goes where the
+    root's does) are computed here, never taken from the caller; queue and deadline default
+    to the parent's.
     """
     fields = {
         "message_id": follow_up.message_id,
@@ -101,7 +101,8 @@ def check_follow_up(settings: Settings, follow_up: FollowUp, parent: Parent, *,
         "correlation_id": follow_up.correlation_id,
         "parent_task_id": parent.task_id,
     }
-    return check_envelope(namespace, fields, limits=settings.limits)
+    checked = check_envelope(namespace, fields, limits=settings.limits)
+    return replace(checked, requester=parent.requester or parent.principal)
 
 
 def check_position(settings: Settings, position: Position | None) -> Position | None:
@@ -177,38 +178,25 @@ def _task(checked: CheckedEnvelope, decision: TaskDecision, now: float) -> dict[
             "state": decision.to_state.value, "payload": checked.payload,
             "deadline": checked.deadline, "max_attempts": checked.max_attempts,
             "hops": checked.hops, "parent_task_id": checked.parent_task_id,
-            "correlation_id": checked.correlation_id, "result": decision.result,
-            "last_error": decision.last_error, "now": now}
+            "correlation_id": checked.correlation_id, "requester": checked.requester,
+            "result": decision.result, "last_error": decision.last_error, "now": now}
 
 
 def _insert_tasks(tx: Tx, settings: Settings, items: Sequence[CheckedEnvelope]) -> None:
     """Create the tasks of newly stored messages, with the replies of born-terminal ones."""
     now = tx.now
     decided = [(checked, transitions.initial_state(
-        checked.task_id, deadline=checked.deadline, hops=checked.hops,
-        max_hops=settings.max_hops, now=now)) for checked in items]
-    tx.change_many("task_insert", [_task(checked, decision, now) for checked, decision in decided])
-    insert_replies(tx, settings, [(checked.task_id, decision.reply)
-                                  for checked, decision in decided if decision.reply])
+        deadline=checked.deadline, hops=checked.hops, max_hops=settings.max_hops, now=now))
+        for checked in items]
+    rows = [_task(checked, decision, now) for checked, decision in decided]
+    tx.change_many("task_insert", rows)
+    outbox.insert_replies(tx, settings, [
+        (row, decision.to_state, decision.reply_result)
+        for row, (_, decision) in zip(rows, decided, strict=True)
+        if decision.reply_result is not None])
     for queue in dict.fromkeys(checked.queue for checked, decision in decided
                                if decision.to_state is TaskState.PENDING):
         tx.notify(queue)
-
-
-def insert_reply(tx: Tx, settings: Settings, task_id: str, reply: ReplyContent) -> None:
-    """Write the reply of a task that just became terminal."""
-    insert_replies(tx, settings, [(task_id, reply)])
-
-
-def insert_replies(tx: Tx, settings: Settings,
-                   replies: Sequence[tuple[str, ReplyContent]]) -> None:
-    """Write the replies of tasks that just became terminal (``(task_id, reply)`` pairs)."""
-    if replies:
-        tx.change_many("reply_insert", [
-            {"reply_id": reply.reply_id, "task_id": task_id, "status": reply.status.value,
-             "body": reply.body, "fingerprint": reply.fingerprint,
-             "budget": settings.delivery_budget, "now": tx.now} for task_id, reply in replies])
-        tx.notify(REPLIES_CHANNEL)
 
 
 def _record_position(tx: Tx, checked: CheckedEnvelope, position: Position) -> None:

@@ -10,6 +10,8 @@ from typing import Any
 
 __all__ = [
     "Ack",
+    "Attempt",
+    "AttemptOutcome",
     "AuthContext",
     "Claim",
     "Continuation",
@@ -19,6 +21,7 @@ __all__ = [
     "ExpireResult",
     "FollowUp",
     "OpenResult",
+    "OpenWait",
     "Outcome",
     "OutcomeKind",
     "Outgoing",
@@ -35,6 +38,7 @@ __all__ = [
     "Swept",
     "Task",
     "TaskState",
+    "TaskStory",
     "Wait",
     "WaitOpening",
     "WaitState",
@@ -148,8 +152,31 @@ class FollowUp:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class OpenWait:
+    """A wait to open with a task's ``finish``, in the same transaction: the task is done,
+    and the flow waits for the outside world's answer (SPEC §10).
+
+    The wait's ``task_id`` is the finishing task, so its follow-up (``resume``) is the
+    task's child. Fields as ``Store.open_wait``'s.
+    """
+
+    flow: str
+    step: str
+    deadline: float
+    expected_generation: int = 0
+    request_id: str | None = None
+    responder: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Claim:
-    """A worker's current hold on a task. Pass it back to renew, finish or fail."""
+    """A worker's current hold on a task. Pass it back to renew, finish, fail or release.
+
+    Every field is the task's as it was claimed; a claim whose fields differ from its task's
+    (other than ``lease_until``, which ``renew`` moves) is not that task's claim, and is
+    ``Fenced``. ``requester`` is who the reply goes to: the principal that sent the task's
+    chain's root.
+    """
 
     task_id: str
     owner: str
@@ -163,6 +190,8 @@ class Claim:
     lease_until: float
     principal: str
     message_id: str
+    correlation_id: str | None = None
+    requester: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -180,6 +209,7 @@ class Task:
     hops: int
     parent_task_id: str | None
     correlation_id: str | None
+    requester: str | None  # who the reply goes to: the principal that sent the chain's root
     attempts: int
     fence: int
     owner: str | None
@@ -205,6 +235,7 @@ class Task:
             hops=int(row["hops"]),
             parent_task_id=row["parent_task_id"],
             correlation_id=row["correlation_id"],
+            requester=row["requester"],
             attempts=int(row["attempts"]),
             fence=int(row["fence"]),
             owner=row["owner"],
@@ -226,6 +257,8 @@ class Reply:
     status: TaskState
     body: str  # canonical JSON; never changes
     fingerprint: str
+    requester: str | None  # who it goes to (see Task.requester)
+    queue: str | None  # its task's queue
     state: ReplyState
     attempts: int
     budget: int
@@ -239,7 +272,9 @@ class Reply:
 
     @property
     def document(self) -> dict[str, Any]:
-        """The body parsed: ``{"kind": "result", "task_id", "status", "result"}``."""
+        """The body parsed: ``{"kind": "result", "task_id", "status", "result",
+        "requester", "correlation_id", "parent_task_id"}`` (replies written before routing
+        was stored carry only the first four)."""
         parsed: dict[str, Any] = json.loads(self.body)
         return parsed
 
@@ -252,6 +287,8 @@ class Reply:
             status=TaskState(row["status"]),
             body=row["body"],
             fingerprint=row["fingerprint"],
+            requester=row["requester"],
+            queue=row["queue"],
             state=ReplyState(row["state"]),
             attempts=int(row["attempts"]),
             budget=int(row["budget"]),
@@ -265,6 +302,68 @@ class Reply:
         )
 
 
+class AttemptOutcome(StrEnum):
+    """How one attempt (of a task's run, or of a reply's delivery) ended."""
+
+    DONE = "done"  # finished: the task is done
+    RETRY = "retry"  # a retryable failure: the task runs again after a backoff
+    FAILED = "failed"  # a failure that ends the task (not retryable, or its last attempt)
+    RELEASED = "released"  # handed back unfinished (a shutdown): the attempt is given back
+    LEASE_EXPIRED = "lease_expired"  # its owner stopped renewing
+    EXPIRED = "expired"  # the task's deadline passed while it ran
+    CANCELLED = "cancelled"  # the task was cancelled while it ran
+    DELIVERED = "delivered"  # a delivery the receiver acknowledged
+    TRANSIENT = "transient"  # a delivery that may succeed later
+    PERMANENT = "permanent"  # a delivery refused for good
+    COLLISION = "collision"  # the receiver holds the reply_id with other content
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Attempt:
+    """One attempt of a task's run (or of a reply's delivery), as its row keeps it.
+
+    ``ended_at``, ``outcome`` and ``error`` are ``None`` while it runs.
+    """
+
+    attempt: int
+    fence: int
+    owner: str
+    started_at: float
+    ended_at: float | None = None
+    outcome: AttemptOutcome | None = None
+    error: str | None = None
+
+    @classmethod
+    def from_json(cls, item: Mapping[str, Any]) -> Attempt:
+        """Build from one element of a stored ``history`` array."""
+        outcome = item.get("outcome")
+        ended = item.get("ended_at")
+        return cls(attempt=int(item["attempt"]), fence=int(item["fence"]),
+                   owner=str(item["owner"]), started_at=float(item["started_at"]),
+                   ended_at=None if ended is None else float(ended),
+                   outcome=None if outcome is None else AttemptOutcome(outcome),
+                   error=item.get("error"))
+
+    @classmethod
+    def list_from(cls, history: str | None) -> list[Attempt]:
+        """The attempts a ``history`` column holds, oldest first."""
+        return [] if history is None else [cls.from_json(item) for item in json.loads(history)]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TaskStory:
+    """A task's whole durable story, read in one snapshot: the task; each attempt to run it
+    (owner, fence, start, end, how it ended); its reply and each attempt to deliver it; the
+    operators' requeues of that reply; and the waits it opened."""
+
+    task: Task
+    attempts: list[Attempt]
+    reply: Reply | None
+    deliveries: list[Attempt]
+    requeues: list[Requeue]
+    waits: list[Wait]
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Requeue:
     """A recorded operator decision to send a dead reply again."""
@@ -275,6 +374,14 @@ class Requeue:
     requeued_at: float
     previous_attempts: int
     previous_error: str | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Requeue:
+        """Build from a ``reply_requeues`` row."""
+        return cls(reply_id=row["reply_id"], operator=row["operator"], reason=row["reason"],
+                   requeued_at=float(row["requeued_at"]),
+                   previous_attempts=int(row["previous_attempts"]),
+                   previous_error=row["previous_error"])
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -337,6 +444,7 @@ class ReplyClaim:
     lease_until: float
     body: str
     fingerprint: str
+    requester: str | None = None  # whose endpoint it goes to
 
     def outgoing(self) -> Outgoing:
         """What the transport sends."""
@@ -500,6 +608,7 @@ class Wait:
     ended_at: float | None
     event_principal: str | None  # who sent the accepted signal (when signaled)
     event_id: str | None
+    responder: str | None = None  # the only principal whose signal it adopts (None: any)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Wait:
@@ -516,6 +625,7 @@ class Wait:
             ended_at=None if row["ended_at"] is None else float(row["ended_at"]),
             event_principal=row["event_principal"],
             event_id=row["event_id"],
+            responder=row["responder"],
         )
 
 

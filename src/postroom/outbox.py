@@ -1,4 +1,8 @@
-"""The outbox: claiming replies for delivery, recording outcomes, recovering publishers.
+"""The outbox: writing terminal tasks' replies, claiming them for delivery, recording
+outcomes, recovering publishers.
+
+A reply is written in the transaction that makes its task terminal, with its route taken
+from the task's row (who it goes to, what it answers), and its body never changes.
 
 Delivery has two commits of its own around the receiver's, each with fault points:
 
@@ -10,16 +14,16 @@ Delivery has two commits of its own around the receiver's, each with fault point
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from postroom import faults, transitions
-from postroom.db.database import Tx, Write
+from postroom.db.database import NotAllApplied, Tx, Write
 from postroom.db.wakeups import REPLIES_CHANNEL
 from postroom.errors import Fenced, NotFound
-from postroom.models import Outcome, ReplyClaim, ReplyState
+from postroom.models import Outcome, ReplyClaim, ReplyState, TaskState
 from postroom.settings import Settings
-from postroom.transitions import ReplyDecision
+from postroom.transitions import ReplyDecision, Route
 
 __all__ = [
     "AFTER_REMOTE_COMMIT",
@@ -28,6 +32,7 @@ __all__ = [
     "DISPATCH_RECORD",
     "REQUEUE",
     "claim_replies",
+    "insert_replies",
     "record",
     "record_all",
     "requeue",
@@ -45,24 +50,56 @@ AFTER_REMOTE_COMMIT = faults.point(
     "the receiver committed the reply; its ACK has not reached the dispatcher").name
 
 
+def insert_replies(tx: Tx, settings: Settings,
+                   replies: Sequence[tuple[Mapping[str, Any], TaskState, str]]) -> None:
+    """Write the replies of tasks that just became terminal: for each, the task's row (at
+    least ``task_id``, ``queue``, ``requester``, ``correlation_id`` and ``parent_task_id``),
+    its terminal state and the canonical JSON its reply answers with. Each outcome is
+    counted."""
+    if not replies:
+        return
+    rows = []
+    for task, status, result_json in replies:
+        route = Route(task["requester"], task["correlation_id"], task["parent_task_id"])
+        content = transitions.reply_content(task["task_id"], status, result_json, route)
+        rows.append({"reply_id": content.reply_id, "task_id": task["task_id"],
+                     "status": status.value, "body": content.body,
+                     "fingerprint": content.fingerprint, "requester": route.requester,
+                     "queue": task["queue"], "budget": settings.delivery_budget,
+                     "now": tx.now})
+        tx.tally("task", task["queue"], status.value)
+    tx.change_many("reply_insert", rows)
+    tx.notify(REPLIES_CHANNEL)
+
+
 def _params(reply_id: str, decision: ReplyDecision, *, fence: int,
             now: float) -> dict[str, Any]:
     return {"reply_id": reply_id, "fence": fence, "to_state": decision.to_state.value,
             "available_at": decision.available_at, "last_error": decision.last_error,
-            "sent_at": decision.sent_at, "now": now}
+            "sent_at": decision.sent_at, "ended": decision.ended.value, "now": now}
 
 
 def _owned(claim: ReplyClaim, decision: ReplyDecision, now: float) -> dict[str, Any]:
     """Parameters of ``reply_apply_owned``: apply ``decision`` while ``claim`` is current."""
     return _params(claim.reply_id, decision, fence=claim.fence, now=now) | {
         "claim_owner": claim.owner, "task_id": claim.task_id, "attempt": claim.attempt,
-        "budget": claim.budget, "body": claim.body, "fingerprint": claim.fingerprint}
+        "budget": claim.budget, "body": claim.body, "fingerprint": claim.fingerprint,
+        "requester": claim.requester}
+
+
+def _counted(tx: Tx, row: Mapping[str, Any], decision: ReplyDecision) -> None:
+    if decision.to_state is ReplyState.SENT and row["queue"] is not None:
+        tx.tally("reply", row["queue"], ReplyState.SENT.value)
 
 
 def _apply(tx: Tx, reply_id: str, decision: ReplyDecision, *, fence: int,
            from_state: ReplyState) -> bool:
     params = _params(reply_id, decision, fence=fence, now=tx.now)
-    return tx.change("reply_apply", from_state=from_state.value, **params) > 0
+    row = tx.one("reply_apply", from_state=from_state.value, **params)
+    if row is None:
+        return False
+    _counted(tx, row, decision)
+    return True
 
 
 def sweep_replies(tx: Tx, settings: Settings) -> tuple[int, int]:
@@ -89,15 +126,18 @@ def claim_replies(tx: Tx, settings: Settings, *, owner: str, limit: int,
     return [ReplyClaim(reply_id=row["reply_id"], task_id=row["task_id"], owner=owner,
                        fence=int(row["fence"]), attempt=int(row["attempts"]),
                        budget=int(row["budget"]), lease_until=float(row["lease_until"]),
-                       body=row["body"], fingerprint=row["fingerprint"]) for row in rows]
+                       body=row["body"], fingerprint=row["fingerprint"],
+                       requester=row["requester"]) for row in rows]
 
 
 def record(tx: Tx, claim: ReplyClaim, outcome: Outcome, *, delay: float) -> ReplyState:
     """Record one delivery outcome; ``Fenced`` if another publisher took the reply over."""
     decision = transitions.delivery(outcome.kind, detail=outcome.detail, attempt=claim.attempt,
                                     budget=claim.budget, now=tx.now, delay=delay)
-    if not tx.change("reply_apply_owned", **_owned(claim, decision, tx.now)):
+    row = tx.one("reply_apply_owned", **_owned(claim, decision, tx.now))
+    if row is None:
         raise _fenced(tx, claim)
+    _counted(tx, row, decision)
     return decision.to_state
 
 
@@ -108,7 +148,7 @@ def _fenced(tx: Tx, claim: ReplyClaim) -> Fenced:
             and int(row["fence"]) == claim.fence:
         issued = {"task_id": row["task_id"], "attempt": int(row["attempts"]),
                   "budget": int(row["budget"]), "body": row["body"],
-                  "fingerprint": row["fingerprint"]}
+                  "fingerprint": row["fingerprint"], "requester": row["requester"]}
         altered = transitions.altered_claim(claim, issued, "reply")
         if altered is not None:
             return Fenced(f"reply {claim.reply_id}", altered)
@@ -128,9 +168,14 @@ def record_all(tx: Tx, items: Sequence[tuple[ReplyClaim, Outcome, float]]) -> li
     decisions = [transitions.delivery(outcome.kind, detail=outcome.detail,
                                       attempt=claim.attempt, budget=claim.budget, now=now,
                                       delay=delay) for claim, outcome, delay in items]
-    tx.change_each("reply_apply_owned", [
+    rows = tx.one_each("reply_apply_owned", [
         _owned(claim, decision, now)
         for (claim, _, _), decision in zip(items, decisions, strict=True)])
+    if any(row is None for row in rows):
+        raise NotAllApplied("reply_apply_owned")
+    for row, decision in zip(rows, decisions, strict=True):
+        assert row is not None
+        _counted(tx, row, decision)
     return [decision.to_state for decision in decisions]
 
 
@@ -143,7 +188,7 @@ def requeue(tx: Tx, reply_id: str, *, operator: str, reason: str) -> None:
         raise Fenced(f"reply {reply_id}", f"only a dead reply can be requeued; it is "
                                           f"{row['state']}")
     tx.change("requeue_insert", reply_id=reply_id, operator=operator, reason=reason, now=tx.now,
-           previous_attempts=int(row["attempts"]), previous_error=row["last_error"])
+              previous_attempts=int(row["attempts"]), previous_error=row["last_error"])
     if not tx.change("reply_requeue", reply_id=reply_id, now=tx.now):
         raise Fenced(f"reply {reply_id}", "changed while being requeued")
     tx.notify(REPLIES_CHANNEL)

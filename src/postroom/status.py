@@ -1,5 +1,5 @@
-"""What a store holds, read in one read-only transaction: ``postroom info`` (settings, schema,
-counts, durability).
+"""What a store holds, as its readers see it: one task, reply or story; ``postroom info``
+(settings, schema, counts, durability).
 
 Nothing here writes; each function takes a reading transaction.
 """
@@ -10,9 +10,45 @@ from typing import Any
 
 from postroom import retention
 from postroom.db import Tx
+from postroom.errors import NotFound
+from postroom.models import Attempt, Reply, Requeue, Task, TaskStory, Wait
 from postroom.settings import Settings
+from postroom.transitions import reply_id_for
 
-__all__ = ["info"]
+__all__ = ["info", "reply", "requeues", "story", "task"]
+
+
+def task(tx: Tx, task_id: str) -> Task:
+    """The task ``task_id`` as stored; ``NotFound`` if there is none."""
+    row = tx.one("task_get", task_id=task_id)
+    if row is None:
+        raise NotFound(f"no task {task_id}")
+    return Task.from_row(row)
+
+
+def reply(tx: Tx, task_id: str) -> Reply | None:
+    """The reply of task ``task_id``, or ``None`` while the task is not terminal."""
+    row = tx.one("reply_get", task_id=task_id)
+    return Reply.from_row(row) if row is not None else None
+
+
+def requeues(tx: Tx, reply_id: str) -> list[Requeue]:
+    """The recorded operator decisions to resend ``reply_id``, oldest first."""
+    return [Requeue.from_row(row) for row in tx.all("requeues_for_reply", reply_id=reply_id)]
+
+
+def story(tx: Tx, task_id: str) -> TaskStory:
+    """Everything durable about task ``task_id``; ``NotFound`` if there is no such task."""
+    row = tx.one("task_get", task_id=task_id)
+    if row is None:
+        raise NotFound(f"no task {task_id}")
+    found = tx.one("reply_get", task_id=task_id)
+    return TaskStory(
+        task=Task.from_row(row), attempts=Attempt.list_from(row["history"]),
+        reply=None if found is None else Reply.from_row(found),
+        deliveries=[] if found is None else Attempt.list_from(found["history"]),
+        requeues=requeues(tx, reply_id_for(task_id)),
+        waits=[Wait.from_row(wait) for wait in tx.all("waits_of_task", task_id=task_id)])
 
 
 def info(tx: Tx, settings: Settings, *, schema_version: int, settings_from: str

@@ -20,7 +20,6 @@ from postroom.errors import (
     BatchFailed,
     Fenced,
     InvalidInput,
-    NotFound,
     SchemaError,
     Unauthorized,
 )
@@ -33,6 +32,7 @@ from postroom.models import (
     Envelope,
     ExpireResult,
     FollowUp,
+    OpenWait,
     Outcome,
     Position,
     Reply,
@@ -44,6 +44,7 @@ from postroom.models import (
     Swept,
     Task,
     TaskState,
+    TaskStory,
     Wait,
     WaitOpening,
 )
@@ -51,10 +52,12 @@ from postroom.settings import Settings, check_lease, check_retention
 from postroom.transports import Transport
 from postroom.validation import (
     MAX_BATCH,
+    MAX_DELAY,
     TASK_ID_BYTES,
     CheckedEnvelope,
     check_json,
     check_limit,
+    check_number,
     check_queues,
     check_text,
     follow_up_principal,
@@ -179,17 +182,23 @@ class Store:
         seconds = self._lease(lease, self._settings.lease)
         return self._db.write(tasks.RENEW, lambda tx: tasks.renew(tx, claim, lease=seconds))
 
-    def finish(self, claim: Claim, result: Any = None, *,
-               follow_ups: Sequence[FollowUp] = ()) -> None:
-        """Mark the task done with ``result``; its reply and follow-ups commit with it.
+    def finish(self, claim: Claim, result: Any = None, *, follow_ups: Sequence[FollowUp] = (),
+               waits: Sequence[OpenWait] = ()) -> list[WaitOpening]:
+        """Mark the task done with ``result``; its reply, its follow-ups and its waits commit
+        with it, in one transaction.
 
-        Raises ``Fenced`` (and writes nothing) if the claim is no longer current.
+        A task that asks the outside world finishes by opening its wait (``OpenWait``, whose
+        ``task_id`` is this task): the answer later resumes the flow with a follow-up of this
+        task. Returns the openings, in order. Raises ``Fenced`` if the claim is no longer
+        current and ``WaitNotOpened`` if a wait cannot open; either way nothing is written.
         """
         result_json = check_json(result, "result", limits=self._settings.limits,
                                  require_object=False)
         children = self._follow_ups(claim, follow_ups)
-        self._db.write(tasks.FINISH, lambda tx: tasks.finish(
-            tx, self._settings, claim, result_json=result_json, follow_ups=children))
+        opens = self._waits(claim, waits)
+        return self._db.write(tasks.FINISH, lambda tx: tasks.finish(
+            tx, self._settings, claim, result_json=result_json, follow_ups=children,
+            opens=opens))
 
     def finish_batch(self, items: Sequence[tuple[Claim, Any]]) -> None:
         """Finish several claims in one transaction; if any is fenced, none is finished."""
@@ -210,6 +219,20 @@ class Store:
         delay = self._settings.backoff.delay(claim.attempt, self._rng)
         return self._db.write(tasks.FAIL, lambda tx: tasks.fail(
             tx, self._settings, claim, reason=reason, retryable=bool(retryable), delay=delay))
+
+    def release(self, claim: Claim, *, delay: float = 0.0) -> None:
+        """Hand a claimed task back unfinished, claimable again after ``delay`` seconds.
+
+        For a worker that stops (a graceful shutdown): not a failure, so the attempt is given
+        back (``attempts - 1``; the fence never goes back) and however often workers stop,
+        the task keeps all of its ``max_attempts``. ``Fenced`` (nothing written) if the claim
+        is no longer current, as for ``finish``.
+        """
+        seconds = check_number(delay, "delay")
+        if not 0 <= seconds <= MAX_DELAY:
+            raise InvalidInput("delay", f"must be in 0..{MAX_DELAY:g} seconds, got {delay!r}")
+        self._db.write(tasks.RELEASE, lambda tx: tasks.release(
+            tx, self._settings, claim, delay=seconds))
 
     def cancel(self, task_id: str, *, reason: str = "cancelled") -> bool:
         """Cancel a pending or running task; ``False`` if it is already terminal."""
@@ -241,23 +264,23 @@ class Store:
 
     def task(self, task_id: str) -> Task:
         """The task ``task_id`` as stored; ``NotFound`` if there is none."""
-        row = self._db.read(lambda tx: tx.one("task_get", task_id=task_id))
-        if row is None:
-            raise NotFound(f"no task {task_id}")
-        return Task.from_row(row)
+        return self._db.read(lambda tx: status.task(tx, task_id))
+
+    def story(self, task_id: str) -> TaskStory:
+        """Everything durable about a task, read in one snapshot: the task, each attempt to
+        run it (owner, fence, start, end, how it ended, its error), its reply and each
+        delivery attempt, the requeues of that reply and the waits it opened. The attempts
+        are kept in the task's own row, so they are pruned with it. ``NotFound`` if there is
+        no such task."""
+        return self._db.read(lambda tx: status.story(tx, task_id))
 
     def reply(self, task_id: str) -> Reply | None:
         """The reply of task ``task_id``, or ``None`` while the task is not terminal."""
-        row = self._db.read(lambda tx: tx.one("reply_get", task_id=task_id))
-        return Reply.from_row(row) if row is not None else None
+        return self._db.read(lambda tx: status.reply(tx, task_id))
 
     def requeues(self, reply_id: str) -> list[Requeue]:
         """The recorded operator decisions to resend ``reply_id``, oldest first."""
-        rows = self._db.read(lambda tx: tx.all("requeues_for_reply", reply_id=reply_id))
-        return [Requeue(reply_id=row["reply_id"], operator=row["operator"],
-                        reason=row["reason"], requeued_at=float(row["requeued_at"]),
-                        previous_attempts=int(row["previous_attempts"]),
-                        previous_error=row["previous_error"]) for row in rows]
+        return self._db.read(lambda tx: status.requeues(tx, reply_id))
 
     # -- delivery -------------------------------------------------------------------------------
 
@@ -348,7 +371,8 @@ class Store:
     # -- waits, signals, timeouts, continuations -------------------------------------------
 
     def open_wait(self, flow: str, step: str, expected_generation: int, deadline: float, *,
-                  request_id: str | None = None, task_id: str | None = None) -> WaitOpening:
+                  request_id: str | None = None, task_id: str | None = None,
+                  responder: str | None = None) -> WaitOpening:
         """Open generation ``expected_generation + 1`` of the wait ``(flow, step)``.
 
         A compare-and-set on the slot's current generation (0 before the first wait):
@@ -357,11 +381,13 @@ class Store:
         is not consumed yet). With ``request_id``, a retry of a registration that committed
         replays its ``opened`` answer (``replay=True``) instead of ``stale``; the same id with
         other arguments is a ``PayloadCollision``. ``task_id`` names the parent of the
-        follow-up task that ``resume`` enqueues; it must exist.
+        follow-up task that ``resume`` enqueues; it must exist. With ``responder``, the wait
+        adopts only that principal's answer: another's signal is ``Unauthorized`` and leaves
+        no receipt.
         """
         request = waits.check_open(self._settings, flow=flow, step=step,
                                    expected_generation=expected_generation, deadline=deadline,
-                                   request_id=request_id, task_id=task_id)
+                                   request_id=request_id, task_id=task_id, responder=responder)
         return self._db.write(waits.OPEN_WAIT, lambda tx: waits.open_wait(tx, request))
 
     def signal(  # noqa: PLR0917 - SPEC §5's signature: the event, then the wait's address
@@ -494,11 +520,26 @@ class Store:
     def _lease(lease: float | None, default: float) -> float:
         return default if lease is None else check_lease(lease)
 
+    def _waits(self, claim: Claim, opens: Sequence[OpenWait]) -> list[waits.OpenRequest]:
+        checked = []
+        for index, item in enumerate(opens):
+            if not isinstance(item, OpenWait):
+                raise InvalidInput(f"waits[{index}]", "must be an OpenWait")
+            checked.append(_indexed(
+                index, waits.check_open, self._settings, flow=item.flow, step=item.step,
+                expected_generation=item.expected_generation, deadline=item.deadline,
+                request_id=item.request_id, task_id=claim.task_id, responder=item.responder,
+                prefix="waits"))
+        if len({(request.flow, request.step) for request in checked}) < len(checked):
+            raise InvalidInput("waits", "two waits name the same flow and step")
+        return checked
+
     def _follow_ups(self, claim: Claim, follow_ups: Sequence[FollowUp]) -> list[CheckedEnvelope]:
         seen: set[str] = set()
         checked = []
         parent = inbox.Parent(task_id=claim.task_id, principal=claim.principal,
-                              deadline=claim.deadline, hops=claim.hops, queue=claim.queue)
+                              deadline=claim.deadline, hops=claim.hops, queue=claim.queue,
+                              requester=claim.requester)
         namespace = follow_up_principal(claim.task_id)
         for index, follow_up in enumerate(follow_ups):
             if not isinstance(follow_up, FollowUp):

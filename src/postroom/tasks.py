@@ -7,15 +7,16 @@ Each function runs inside a transaction the caller opened; rules come from
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from postroom import transitions
-from postroom.db.database import Tx, Write
-from postroom.errors import Fenced, NotFound
-from postroom.inbox import insert_reply, store_message
-from postroom.models import Claim, TaskState
+from postroom import outbox, transitions, waits
+from postroom.db.database import NotAllApplied, Tx, Write
+from postroom.db.dialect import Row
+from postroom.errors import Fenced, NotFound, WaitNotOpened
+from postroom.inbox import store_message
+from postroom.models import Claim, OpenResult, TaskState, WaitOpening
 from postroom.settings import Settings
 from postroom.transitions import TaskDecision
 from postroom.validation import CheckedEnvelope
@@ -25,9 +26,11 @@ __all__ = [
     "CLAIM",
     "FAIL",
     "FINISH",
+    "RELEASE",
     "RENEW",
     "SWEEP",
     "SweepCounts",
+    "after",
     "apply",
     "cancel",
     "claim",
@@ -35,6 +38,7 @@ __all__ = [
     "fail",
     "finish",
     "finish_all",
+    "release",
     "renew",
     "sweep",
 ]
@@ -43,6 +47,7 @@ CLAIM = Write("claim")
 RENEW = Write("renew")
 FINISH = Write("finish")
 FAIL = Write("fail")
+RELEASE = Write("release")
 CANCEL = Write("cancel")
 SWEEP = Write("sweep")
 
@@ -65,21 +70,24 @@ def apply(tx: Tx, settings: Settings, task_id: str, decision: TaskDecision, *,
     Writes the reply in the same transaction when the decision is terminal. Returns whether
     the guarded update matched.
     """
-    changed = tx.change("task_apply", task_id=task_id, from_state=from_state.value, fence=fence,
-                     to_state=decision.to_state.value, owner=None, lease_until=None,
-                     available_at=decision.available_at, result=decision.result,
-                     last_error=decision.last_error, now=tx.now)
-    if not changed:
+    row = tx.one("task_apply", task_id=task_id, from_state=from_state.value, fence=fence,
+                 now=tx.now, **_decided(decision))
+    if row is None:
         return False
-    _after(tx, settings, task_id, decision)
+    after(tx, settings, row, decision)
     return True
 
 
-#: What a claim copies from its task: the claim's field, the task's column, the column's
-#: Python type. ``{claim_is_current}`` holds every one of them to the task's own.
-_COPIED = (("attempt", "attempts", int), ("max_attempts", "max_attempts", int),
-           ("hops", "hops", int), ("deadline", "deadline", float),
-           ("principal", "principal", str), ("queue", "queue", str))
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+#: What a claim copies from its task: the claim's field, the task's column, and how a stored
+#: value reads. ``{claim_is_current}`` holds every one of them to the task's own.
+_COPIED: tuple[tuple[str, str, Callable[[Any], Any]], ...] = (
+    ("attempt", "attempts", int), ("max_attempts", "max_attempts", int), ("hops", "hops", int),
+    ("deadline", "deadline", float), ("principal", "principal", str), ("queue", "queue", str),
+    ("correlation_id", "correlation_id", _text), ("requester", "requester", _text))
 
 
 def claim_from_row(row: Mapping[str, Any], owner: str) -> Claim:
@@ -100,23 +108,35 @@ def _current(claim: Claim, now: float) -> dict[str, Any]:
             "now": now, **{field: getattr(claim, field) for field, _, _ in _COPIED}}
 
 
+def _decided(decision: TaskDecision) -> dict[str, Any]:
+    """The parameters that apply ``decision`` (the guarded statement adds where and when)."""
+    return {"to_state": decision.to_state.value, "available_at": decision.available_at,
+            "result": decision.result, "last_error": decision.last_error,
+            "ended": None if decision.ended is None else decision.ended.value}
+
+
 def _owned(claim: Claim, decision: TaskDecision, now: float) -> dict[str, Any]:
     """Parameters of ``task_apply_owned``: apply ``decision`` while ``claim`` is current."""
-    return _current(claim, now) | {
-        "to_state": decision.to_state.value, "owner": None, "lease_until": None,
-        "available_at": decision.available_at, "result": decision.result,
-        "last_error": decision.last_error}
+    return _current(claim, now) | _decided(decision) | {"give_back": int(decision.gives_back)}
 
 
-def _apply_owned(tx: Tx, settings: Settings, claim: Claim, decision: TaskDecision) -> None:
-    if not tx.change("task_apply_owned", **_owned(claim, decision, tx.now)):
+def _apply_owned(tx: Tx, settings: Settings, claim: Claim, decision: TaskDecision) -> Row:
+    row = tx.one("task_apply_owned", **_owned(claim, decision, tx.now))
+    if row is None:
         raise fenced(tx, claim)
-    _after(tx, settings, claim.task_id, decision)
+    after(tx, settings, row, decision)
+    return row
 
 
-def _after(tx: Tx, settings: Settings, task_id: str, decision: TaskDecision) -> None:
-    if decision.reply is not None:
-        insert_reply(tx, settings, task_id, decision.reply)
+def after(tx: Tx, settings: Settings, row: Row, decision: TaskDecision) -> None:
+    """What follows a decision the task in ``row`` (its route, as the guarded statement
+    returned it) was moved by: a terminal one writes its reply and counts the outcome; one
+    that makes the task claimable announces its queue."""
+    state = decision.to_state
+    if decision.reply_result is not None:
+        outbox.insert_replies(tx, settings, [(row, state, decision.reply_result)])
+    if state is TaskState.PENDING and decision.available_at <= tx.now:
+        tx.notify(row["queue"])
 
 
 def fenced(tx: Tx, claim: Claim) -> Fenced:
@@ -152,7 +172,7 @@ def sweep(tx: Tx, settings: Settings, counts: SweepCounts) -> None:
     """
     now = tx.now
     for row in tx.all("tasks_lease_expired", now=now, limit=settings.sweep_limit):
-        decision = transitions.lease_expired(row["task_id"], attempts=int(row["attempts"]),
+        decision = transitions.lease_expired(attempts=int(row["attempts"]),
                                              max_attempts=int(row["max_attempts"]), now=now)
         if apply(tx, settings, row["task_id"], decision, from_state=TaskState.RUNNING,
                  fence=int(row["fence"])):
@@ -161,9 +181,10 @@ def sweep(tx: Tx, settings: Settings, counts: SweepCounts) -> None:
             else:
                 counts.exhausted += 1
     for row in tx.all("tasks_deadline_passed", now=now, limit=settings.sweep_limit):
-        decision = transitions.deadline_passed(row["task_id"], deadline=float(row["deadline"]),
+        state = TaskState(row["state"])
+        decision = transitions.deadline_passed(state=state, deadline=float(row["deadline"]),
                                                now=now)
-        if apply(tx, settings, row["task_id"], decision, from_state=TaskState(row["state"]),
+        if apply(tx, settings, row["task_id"], decision, from_state=state,
                  fence=int(row["fence"])):
             counts.deadlines_expired += 1
 
@@ -202,37 +223,54 @@ def renew(tx: Tx, claim: Claim, *, lease: float) -> Claim:
 
 
 def finish(tx: Tx, settings: Settings, claim: Claim, *, result_json: str,
-           follow_ups: Sequence[CheckedEnvelope]) -> None:
-    """Mark the task done, write its reply and create its follow-ups, atomically."""
-    decision = transitions.finish(claim.task_id, result_json=result_json, now=tx.now)
-    _apply_owned(tx, settings, claim, decision)
+           follow_ups: Sequence[CheckedEnvelope] = (),
+           opens: Sequence[waits.OpenRequest] = ()) -> list[WaitOpening]:
+    """Mark the task done, write its reply, create its follow-ups and open its waits,
+    atomically; ``WaitNotOpened`` (and nothing written) if one of the waits cannot open."""
+    _apply_owned(tx, settings, claim, transitions.finish(result_json=result_json, now=tx.now))
     for follow_up in follow_ups:
         store_message(tx, settings, follow_up)
+    openings = []
+    for request in opens:
+        opening = waits.open_wait(tx, request)
+        if opening.result is not OpenResult.OPENED:
+            raise WaitNotOpened(opening)
+        openings.append(opening)
+    return openings
 
 
 def finish_all(tx: Tx, settings: Settings, items: Sequence[tuple[Claim, str]]) -> None:
-    """``finish`` many claims (with their canonical results), one guarded statement for all.
+    """``finish`` many claims (with their canonical results), one guarded statement each, sent
+    together.
 
     Raises ``NotAllApplied`` if any claim is not current (nothing of the batch may stay):
     ``finish`` item by item then names it.
     """
     now = tx.now
-    decisions = [(claim, transitions.finish(claim.task_id, result_json=result, now=now))
+    decisions = [(claim, transitions.finish(result_json=result, now=now))
                  for claim, result in items]
-    tx.change_each("task_apply_owned", [_owned(claim, decision, now)
-                                    for claim, decision in decisions])
-    for claim, decision in decisions:
-        _after(tx, settings, claim.task_id, decision)
+    rows = tx.one_each("task_apply_owned", [_owned(claim, decision, now)
+                                            for claim, decision in decisions])
+    if any(row is None for row in rows):
+        raise NotAllApplied("task_apply_owned")
+    for row, (_, decision) in zip(rows, decisions, strict=True):
+        assert row is not None
+        after(tx, settings, row, decision)
 
 
 def fail(tx: Tx, settings: Settings, claim: Claim, *, reason: str, retryable: bool,
          delay: float) -> TaskState:
     """Record a failure: back to pending after ``delay``, or failed with its reply."""
-    decision = transitions.fail(claim.task_id, attempt=claim.attempt,
-                                max_attempts=claim.max_attempts, retryable=retryable,
-                                reason=reason, now=tx.now, delay=delay)
+    decision = transitions.fail(attempt=claim.attempt, max_attempts=claim.max_attempts,
+                                retryable=retryable, reason=reason, now=tx.now, delay=delay)
     _apply_owned(tx, settings, claim, decision)
     return decision.to_state
+
+
+def release(tx: Tx, settings: Settings, claim: Claim, *, delay: float) -> None:
+    """Hand a claimed task back unfinished, its attempt given back (see
+    ``transitions.release``); a stale claim is fenced like ``finish``'s."""
+    _apply_owned(tx, settings, claim, transitions.release(now=tx.now, delay=delay))
 
 
 def cancel(tx: Tx, settings: Settings, task_id: str, *, reason: str) -> bool:
@@ -242,7 +280,7 @@ def cancel(tx: Tx, settings: Settings, task_id: str, *, reason: str) -> bool:
         if row is None:
             raise NotFound(f"no task {task_id}")
         state = TaskState(row["state"])
-        decision = transitions.cancel(task_id, state=state, reason=reason, now=tx.now)
+        decision = transitions.cancel(state=state, reason=reason, now=tx.now)
         if decision is None:
             return False
         if apply(tx, settings, task_id, decision, from_state=state, fence=int(row["fence"])):

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from postroom.models import (
+    AttemptOutcome,
     ContinuationKind,
     ExpireResult,
     OpenResult,
@@ -31,6 +32,7 @@ __all__ = [
     "ReplyContent",
     "ReplyDecision",
     "Retention",
+    "Route",
     "SignalDecision",
     "TaskDecision",
     "WaitEnd",
@@ -44,8 +46,10 @@ __all__ = [
     "finish",
     "initial_state",
     "lease_expired",
+    "legacy_reply_body",
     "open_wait",
     "receipt_body",
+    "release",
     "repeat_signal",
     "reply_content",
     "reply_id_for",
@@ -65,22 +69,41 @@ class ReplyContent:
 
 
 @dataclass(frozen=True, slots=True)
+class Route:
+    """Where a task's reply goes and what it answers, taken from the task's own row: the
+    requester (the principal that sent the chain's root), the task's correlation id and its
+    parent."""
+
+    requester: str | None
+    correlation_id: str | None = None
+    parent_task_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class TaskDecision:
-    """Move a task to ``to_state``. A terminal decision carries its reply."""
+    """Move a task to ``to_state``.
+
+    A terminal decision carries ``reply_result``, the canonical JSON its reply answers with
+    (the result, or an error document); ``ended`` says how the running attempt ended, when
+    one was running; ``gives_back`` whether that attempt is given back (a release).
+    """
 
     to_state: TaskState
     available_at: float
     result: str | None = None  # canonical JSON
     last_error: str | None = None
-    reply: ReplyContent | None = None
+    reply_result: str | None = None
+    ended: AttemptOutcome | None = None
+    gives_back: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class ReplyDecision:
-    """Move a reply to ``to_state``."""
+    """Move a reply to ``to_state``; ``ended`` says how the delivery attempt ended."""
 
     to_state: ReplyState
     available_at: float
+    ended: AttemptOutcome
     last_error: str | None = None
     sent_at: float | None = None
 
@@ -148,106 +171,133 @@ def reply_id_for(task_id: str) -> str:
     return "reply:" + task_id
 
 
-def reply_content(task_id: str, status: TaskState, result_json: str) -> ReplyContent:
-    """The reply body ``{"kind": "result", "task_id", "status", "result"}`` as canonical JSON.
+def reply_content(task_id: str, status: TaskState, result_json: str,
+                  route: Route) -> ReplyContent:
+    """The reply body as canonical JSON: ``{"correlation_id", "kind": "result",
+    "parent_task_id", "requester", "result", "status", "task_id"}``.
 
     ``result_json`` is already canonical, so the body is assembled in key order rather than
     parsed and dumped again; a unit test pins that this equals ``canonical_json``.
     """
-    body = ('{"kind":"result","result":' + result_json + ',"status":'
-            + canonical_json(status.value) + ',"task_id":' + canonical_json(task_id) + "}")
+    body = ('{"correlation_id":' + canonical_json(route.correlation_id)
+            + ',"kind":"result","parent_task_id":' + canonical_json(route.parent_task_id)
+            + ',"requester":' + canonical_json(route.requester)
+            + ',"result":' + result_json + ',"status":' + canonical_json(status.value)
+            + ',"task_id":' + canonical_json(task_id) + "}")
     return ReplyContent(reply_id=reply_id_for(task_id), status=status, body=body,
                         fingerprint=fingerprint(body))
 
 
-def _terminal(task_id: str, state: TaskState, now: float, *, result: str | None = None,
-              error: str | None = None) -> TaskDecision:
+def legacy_reply_body(task_id: str, status: TaskState, result_json: str) -> str:
+    """The body of a reply written before replies carried their route (schema 4 and older):
+    ``{"kind": "result", "result", "status", "task_id"}``. Such replies keep their bodies (a
+    rewritten body would turn a redelivery into a collision at the receiver)."""
+    return ('{"kind":"result","result":' + result_json + ',"status":'
+            + canonical_json(status.value) + ',"task_id":' + canonical_json(task_id) + "}")
+
+
+def _terminal(state: TaskState, now: float, *, result: str | None = None,
+              error: str | None = None, ended: AttemptOutcome | None = None) -> TaskDecision:
     result_json = result if result is not None else canonical_json({"error": error})
     return TaskDecision(to_state=state, available_at=now, result=result, last_error=error,
-                        reply=reply_content(task_id, state, result_json))
+                        reply_result=result_json, ended=ended)
 
 
-def initial_state(task_id: str, *, deadline: float, hops: int, max_hops: int,
-                  now: float) -> TaskDecision:
+def initial_state(*, deadline: float, hops: int, max_hops: int, now: float) -> TaskDecision:
     """A newly received task: ``pending``, or terminal if it can never run."""
     if deadline <= now:
-        return _terminal(task_id, TaskState.EXPIRED, now,
+        return _terminal(TaskState.EXPIRED, now,
                          error=f"deadline {deadline} had passed when it arrived at {now}")
     if hops >= max_hops:
-        return _terminal(task_id, TaskState.HOP_LIMIT, now,
+        return _terminal(TaskState.HOP_LIMIT, now,
                          error=f"hops {hops} reached the limit of {max_hops}")
     return TaskDecision(to_state=TaskState.PENDING, available_at=now)
 
 
-def lease_expired(task_id: str, *, attempts: int, max_attempts: int,
-                  now: float) -> TaskDecision:
+def lease_expired(*, attempts: int, max_attempts: int, now: float) -> TaskDecision:
     """A running task's owner stopped renewing: run it again, or fail if it had its last try."""
     if attempts >= max_attempts:
-        return _terminal(task_id, TaskState.FAILED, now,
+        return _terminal(TaskState.FAILED, now, ended=AttemptOutcome.LEASE_EXPIRED,
                          error=f"attempts exhausted: the lease expired on attempt "
                                f"{attempts} of {max_attempts}")
     return TaskDecision(to_state=TaskState.PENDING, available_at=now,
-                        last_error=f"lease expired on attempt {attempts}")
+                        last_error=f"lease expired on attempt {attempts}",
+                        ended=AttemptOutcome.LEASE_EXPIRED)
 
 
-def deadline_passed(task_id: str, *, deadline: float, now: float) -> TaskDecision:
-    """The absolute deadline passed before the task finished."""
-    return _terminal(task_id, TaskState.EXPIRED, now,
-                     error=f"deadline {deadline} passed (now {now})")
+def deadline_passed(*, state: TaskState, deadline: float, now: float) -> TaskDecision:
+    """The absolute deadline passed before the task (``pending`` or ``running``) finished."""
+    return _terminal(TaskState.EXPIRED, now, error=f"deadline {deadline} passed (now {now})",
+                     ended=AttemptOutcome.EXPIRED if state is TaskState.RUNNING else None)
 
 
-def finish(task_id: str, *, result_json: str, now: float) -> TaskDecision:
+def finish(*, result_json: str, now: float) -> TaskDecision:
     """The current owner finished the task."""
-    return _terminal(task_id, TaskState.DONE, now, result=result_json)
+    return _terminal(TaskState.DONE, now, result=result_json, ended=AttemptOutcome.DONE)
 
 
-def fail(task_id: str, *, attempt: int, max_attempts: int, retryable: bool, reason: str,
-         now: float, delay: float) -> TaskDecision:
+def fail(*, attempt: int, max_attempts: int, retryable: bool, reason: str, now: float,
+         delay: float) -> TaskDecision:
     """The current owner reports a failure: retry after ``delay``, or fail for good."""
     if not retryable:
-        return _terminal(task_id, TaskState.FAILED, now, error=reason)
+        return _terminal(TaskState.FAILED, now, error=reason, ended=AttemptOutcome.FAILED)
     if attempt >= max_attempts:
-        return _terminal(task_id, TaskState.FAILED, now,
+        return _terminal(TaskState.FAILED, now, ended=AttemptOutcome.FAILED,
                          error=f"attempts exhausted ({attempt} of {max_attempts}): {reason}")
     return TaskDecision(to_state=TaskState.PENDING, available_at=now + delay,
-                        last_error=reason)
+                        last_error=reason, ended=AttemptOutcome.RETRY)
 
 
-def cancel(task_id: str, *, state: TaskState, reason: str, now: float) -> TaskDecision | None:
+def release(*, now: float, delay: float) -> TaskDecision:
+    """The current owner hands the task back unfinished (e.g. it is shutting down).
+
+    Not a failure: the attempt is given back (``attempts - 1``; the fence never goes back),
+    so however many times workers stop, the task keeps every one of its attempts. It is
+    claimable again after ``delay``.
+    """
+    return TaskDecision(to_state=TaskState.PENDING, available_at=now + delay,
+                        ended=AttemptOutcome.RELEASED, gives_back=True)
+
+
+def cancel(*, state: TaskState, reason: str, now: float) -> TaskDecision | None:
     """Cancel a live task; a terminal one cannot be cancelled (``None``)."""
     if state.terminal:
         return None
-    return _terminal(task_id, TaskState.CANCELLED, now, error=reason)
+    return _terminal(TaskState.CANCELLED, now, error=reason,
+                     ended=AttemptOutcome.CANCELLED if state is TaskState.RUNNING else None)
 
 
 def delivery(kind: OutcomeKind, *, detail: str, attempt: int, budget: int, now: float,
              delay: float) -> ReplyDecision:
     """Record what a delivery attempt learned."""
+    ended = AttemptOutcome(kind.value)
     if kind is OutcomeKind.DELIVERED:
-        return ReplyDecision(to_state=ReplyState.SENT, available_at=now, sent_at=now)
+        return ReplyDecision(to_state=ReplyState.SENT, available_at=now, sent_at=now,
+                             ended=ended)
     if kind is OutcomeKind.COLLISION:
-        return ReplyDecision(to_state=ReplyState.DEAD, available_at=now,
+        return ReplyDecision(to_state=ReplyState.DEAD, available_at=now, ended=ended,
                              last_error=f"collision: the receiver holds this reply_id with "
                                         f"different content: {detail}")
     if kind is OutcomeKind.PERMANENT:
-        return ReplyDecision(to_state=ReplyState.DEAD, available_at=now,
+        return ReplyDecision(to_state=ReplyState.DEAD, available_at=now, ended=ended,
                              last_error=f"permanent: {detail}")
     if attempt >= budget:
-        return ReplyDecision(to_state=ReplyState.DEAD, available_at=now,
+        return ReplyDecision(to_state=ReplyState.DEAD, available_at=now, ended=ended,
                              last_error=f"delivery budget spent ({attempt} of {budget}): "
                                         f"{detail}")
-    return ReplyDecision(to_state=ReplyState.PENDING, available_at=now + delay,
+    return ReplyDecision(to_state=ReplyState.PENDING, available_at=now + delay, ended=ended,
                          last_error=f"transient: {detail}")
 
 
 def reply_lease_expired(*, attempt: int, budget: int, now: float) -> ReplyDecision:
     """A publisher vanished mid-delivery: the outcome is unknown, so deliver again or give up."""
+    ended = AttemptOutcome.LEASE_EXPIRED
     if attempt >= budget:
-        return ReplyDecision(to_state=ReplyState.DEAD, available_at=now,
+        return ReplyDecision(to_state=ReplyState.DEAD, available_at=now, ended=ended,
                              last_error=f"outcome unknown: the publisher's lease expired on "
                                         f"attempt {attempt} of {budget}; reconcile with the "
                                         f"receiver by reply_id before requeueing")
-    return ReplyDecision(to_state=ReplyState.PENDING, available_at=now,
+    return ReplyDecision(to_state=ReplyState.PENDING, available_at=now, ended=ended,
                          last_error=f"outcome unknown: the publisher's lease expired on "
                                     f"attempt {attempt}")
 

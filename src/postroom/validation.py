@@ -122,6 +122,9 @@ def check_text(value: object, field: str, *, max_bytes: int,
     return value
 
 
+#: The longest delay a call may ask for before a task is claimable again: a year.
+MAX_DELAY = 365 * 86_400.0
+
 #: The most items one batch call takes (claims, envelopes of an atomic batch, ...).
 MAX_BATCH = 10_000
 
@@ -262,6 +265,9 @@ class CheckedEnvelope:
     parent_task_id: str | None
     envelope: str  # canonical JSON of the whole envelope
     fingerprint: str
+    #: Who its reply goes to: the principal that sent the chain's root (itself, unless a
+    #: follow-up). Derived, never part of the envelope or its fingerprint.
+    requester: str | None = None
 
 
 def check_envelope(principal: str, envelope: Mapping[str, object], *,
@@ -319,6 +325,7 @@ def check_envelope(principal: str, envelope: Mapping[str, object], *,
         parent_task_id=parent_task_id,
         envelope=text,
         fingerprint=fingerprint(text),
+        requester=principal,
     )
 
 

@@ -13,9 +13,11 @@ Who may do what:
   coordinator, the sweeper). Like ``claim`` and ``finish`` they take no principal.
 - ``signal`` is the outside world answering. It needs the authenticated principal
   (``AuthContext``), which must be an allowed source when the store restricts sources. Event
-  ids are scoped by that principal, so one tenant can never jam another's event ids. Any
-  allowed principal may answer any wait it can address: an address is not a secret, and a
-  signal is not an approval (SPEC §6).
+  ids are scoped by that principal, so one tenant can never jam another's event ids. A wait
+  opened with a ``responder`` adopts only that principal's answer: anyone else's signal to it
+  is ``Unauthorized`` before any receipt is written. A wait without one takes an answer from
+  any allowed principal that can address it (an address is not a secret), and a signal is
+  never an approval (SPEC §6).
 
 Time: every decision uses ``tx.now``, the store's decision time (never below the persisted
 high-water mark). A call that writes nothing (a replay, a conflict, a stale registration)
@@ -36,7 +38,7 @@ from dataclasses import dataclass
 from postroom import faults, transitions
 from postroom.db.database import Tx, Write
 from postroom.db.dialect import Row
-from postroom.errors import InvalidInput, NotFound, PayloadCollision, StoreError
+from postroom.errors import InvalidInput, NotFound, PayloadCollision, StoreError, Unauthorized
 from postroom.inbox import Parent, authorize, check_follow_up, store_message
 from postroom.models import (
     AuthContext,
@@ -56,6 +58,7 @@ from postroom.models import (
 from postroom.settings import Settings
 from postroom.transitions import WaitEnd
 from postroom.validation import (
+    FOLLOW_UP_NAMESPACES,
     TASK_ID_BYTES,
     WAIT_FOLLOW_UPS,
     CheckedEnvelope,
@@ -123,7 +126,8 @@ MAX_GENERATION = 2**31 - 1
 
 # A stand-in parent, so a follow-up's own fields are validated before the transaction that
 # reads the real parent.
-_ANY_PARENT = Parent(task_id="-", principal="-", deadline=0.0, hops=0, queue="-")
+_ANY_PARENT = Parent(task_id="-", principal="-", deadline=0.0, hops=0, queue="-",
+                     requester=None)
 
 
 # -- validation (before any write) ------------------------------------------------------------
@@ -151,6 +155,7 @@ class OpenRequest:
     deadline: float
     request_id: str | None
     task_id: str | None
+    responder: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,8 +184,9 @@ def check_address(settings: Settings, flow: object, step: object,
 
 
 def check_open(settings: Settings, *, flow: object, step: object, expected_generation: object,
-               deadline: object, request_id: object, task_id: object) -> OpenRequest:
-    """Validate an ``open_wait`` call."""
+               deadline: object, request_id: object, task_id: object,
+               responder: object = None) -> OpenRequest:
+    """Validate an ``open_wait`` call (``responder``: a principal that can sign, or None)."""
     limit = settings.limits.text_bytes
     return OpenRequest(
         flow=check_text(flow, "flow", max_bytes=limit),
@@ -192,7 +198,16 @@ def check_open(settings: Settings, *, flow: object, step: object, expected_gener
                                                               max_bytes=limit),
         task_id=None if task_id is None else check_text(task_id, "task_id",
                                                         max_bytes=TASK_ID_BYTES),
+        responder=None if responder is None else _responder(settings, responder),
     )
+
+
+def _responder(settings: Settings, value: object) -> str:
+    name = check_text(value, "responder", max_bytes=settings.limits.text_bytes)
+    if name.startswith(FOLLOW_UP_NAMESPACES):
+        raise InvalidInput("responder", f"{name!r} is reserved for follow-ups: no principal "
+                                        f"can answer as it")
+    return name
 
 
 def check_signal(settings: Settings, auth: AuthContext, *, event_id: object, flow: object,
@@ -267,19 +282,20 @@ def open_wait(tx: Tx, request: OpenRequest) -> WaitOpening:
         # and only for a new slot: an existing one is locked). Decide again on what it wrote.
         return open_wait(tx, request)
     tx.change("wait_insert", deadline=request.deadline, task_id=request.task_id,
-           request_id=request.request_id, now=tx.now, **slot)
+              request_id=request.request_id, responder=request.responder, now=tx.now, **slot)
     faults.hit(_AFTER_WAIT_INSERT)
     return WaitOpening(result=OpenResult.OPENED, flow=flow, step=step, generation=generation)
 
 
 def _replayed_opening(request: OpenRequest, earlier: Row) -> WaitOpening:
     generation = int(earlier["generation"])
-    asked = (generation - 1, float(earlier["deadline"]), earlier["task_id"])
-    if asked != (request.expected, request.deadline, request.task_id):
+    asked = (generation - 1, float(earlier["deadline"]), earlier["task_id"],
+             earlier["responder"])
+    if asked != (request.expected, request.deadline, request.task_id, request.responder):
         raise PayloadCollision(
             f"open_wait request {request.request_id!r} of {request.flow!r}/{request.step!r}",
             f"it opened generation {generation} with expected_generation {asked[0]}, "
-            f"deadline {asked[1]}, task_id {asked[2]}")
+            f"deadline {asked[1]}, task_id {asked[2]}, responder {asked[3]}")
     return WaitOpening(result=OpenResult.OPENED, flow=request.flow, step=request.step,
                        generation=generation, replay=True)
 
@@ -296,7 +312,12 @@ def signal(tx: Tx, request: SignalRequest) -> SignalReceipt:
     address = request.address
     current = _lock_slot(tx, address.flow, address.step)
     row = (tx.one("wait_get", flow=address.flow, step=address.step,
-                  generation=address.generation) if address.generation == current else None)
+                  generation=address.generation) if address.generation <= current else None)
+    if row is not None and row["responder"] not in (None, request.principal):
+        raise Unauthorized(f"{address} waits for an answer from {row['responder']!r}, not "
+                           f"from {request.principal!r}")
+    if address.generation != current:
+        row = None
     decision = transitions.signal_wait(
         current=current, generation=address.generation,
         state=None if row is None else WaitState(row["state"]),
@@ -371,7 +392,7 @@ def _end(tx: Tx, address: WaitAddress, end: WaitEnd, *, point: str, value: str |
         raise StoreError(f"{address} stopped waiting while its slot was locked")
     faults.hit(point)
     tx.change("continuation_insert", kind=end.continuation.value, value=value, now=tx.now,
-           **where)
+              **where)
 
 
 def resume(tx: Tx, settings: Settings, address: WaitAddress,
@@ -412,7 +433,7 @@ def resume(tx: Tx, settings: Settings, address: WaitAddress,
         task_id = ack.task_id
         faults.hit(_AFTER_FOLLOW_UP_INSERT)
     tx.change("wait_effect_insert", kind="none" if task_id is None else "task", task_id=task_id,
-           now=tx.now, **where)
+              now=tx.now, **where)
     return _resumption(ResumeResult.RESUMED, address, row["kind"], task_id)
 
 
@@ -429,7 +450,7 @@ def _follow_up(tx: Tx, settings: Settings, address: WaitAddress, effect: FollowU
         settings, effect,
         Parent(task_id=parent_id, principal=parent["principal"],
                deadline=float(parent["deadline"]), hops=int(parent["hops"]),
-               queue=parent["queue"]),
+               queue=parent["queue"], requester=parent["requester"]),
         follow_up_namespace(address))
 
 

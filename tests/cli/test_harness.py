@@ -44,7 +44,7 @@ def test_random_audit_exits_non_zero_naming_the_seed_step_and_operation(monkeypa
     from postroom import tasks
     from tests.harness.cli import main
 
-    monkeypatch.setattr(tasks, "_after", lambda tx, settings, task_id, decision: None)
+    monkeypatch.setattr(tasks, "after", lambda tx, settings, row, decision: None)
     result = CliRunner().invoke(main, ["random-audit", "--seeds", "1", "--ops", "50",
                                        "--rounds", "0", "--wait-rounds", "0"])
     assert result.exit_code == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import postroom
+import postroom.transitions
 from postroom.db import Database, dialect_for_url
 from tests.support import database_of
 
@@ -86,3 +87,60 @@ def test_a_store_upgraded_from_before_published_settings_publishes_its_openers(d
         older.close()
     with postroom.open_store(db_url, settings=postroom.Settings(retention=60.0)) as store:
         assert store.info()["retention_seconds"] == 60.0
+
+
+def _legacy_task(tx, *, principal: str, message_id: str, parent: str | None,
+                 now: float) -> str:
+    """Write a finished task and its reply as a store of schema 4 wrote them."""
+    from postroom.validation import canonical_json, check_envelope, fingerprint
+
+    fields = {"message_id": message_id, "sender": principal, "payload": {}, "deadline": now + 60,
+              "parent_task_id": parent, "hops": 0 if parent is None else 1}
+    checked = check_envelope(principal, fields, limits=postroom.Limits())
+    task_id = checked.task_id
+    body = postroom.transitions.legacy_reply_body(task_id, postroom.TaskState.DONE,
+                                                  canonical_json("ok"))
+    tx.execute("INSERT INTO inbox VALUES (:t, :p, :m, :f, :e, :now)",
+               {"t": task_id, "p": principal, "m": message_id, "f": checked.fingerprint,
+                "e": checked.envelope, "now": now})
+    tx.execute("INSERT INTO tasks (task_id, principal, message_id, queue, state, payload, "
+               "deadline, max_attempts, hops, parent_task_id, attempts, fence, available_at, "
+               "result, created_at, updated_at) VALUES (:t, :p, :m, 'default', 'done', '{}', "
+               ":d, 3, :h, :parent, 1, 1, :now, '\"ok\"', :now, :now)",
+               {"t": task_id, "p": principal, "m": message_id, "d": now + 60,
+                "h": checked.hops, "parent": parent, "now": now})
+    tx.execute("INSERT INTO replies (reply_id, task_id, status, body, fingerprint, state, "
+               "attempts, budget, fence, available_at, created_at, updated_at, sent_at) "
+               "VALUES (:r, :t, 'done', :b, :f, 'sent', 1, 3, 1, :now, :now, :now, :now)",
+               {"r": "reply:" + task_id, "t": task_id, "b": body, "f": fingerprint(body),
+                "now": now})
+    return task_id
+
+
+def test_an_upgrade_routes_earlier_replies_from_their_tasks_and_keeps_their_bodies(make_url):
+    from postroom.audit import audit_url
+    from postroom.db import Write
+    from postroom.validation import follow_up_principal
+
+    url = make_url("v4")
+    with closing_database(url) as database:
+        database.migrate("store", target=4)
+        with database.transaction(Write("test.legacy")) as tx:
+            root = _legacy_task(tx, principal="planner", message_id="root", parent=None,
+                                now=1000.0)
+            child = _legacy_task(tx, principal=follow_up_principal(root), message_id="part",
+                                 parent=root, now=1001.0)
+            tx.execute("UPDATE postroom_clock SET high_water = 1001")
+    with postroom.open_store(url) as store:
+        bodies = {task_id: store.reply(task_id).body for task_id in (root, child)}
+        assert {task_id: store.task(task_id).requester for task_id in (root, child)} == {
+            root: "planner", child: "planner"}
+        assert {store.reply(task_id).requester for task_id in (root, child)} == {"planner"}
+        assert all('"requester"' not in body for body in bodies.values())  # untouched
+    assert audit_url(url) == []
+
+
+def closing_database(url: str):
+    from contextlib import closing
+
+    return closing(Database(dialect_for_url(url)))

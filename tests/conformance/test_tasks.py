@@ -93,7 +93,8 @@ def test_finish_writes_done_the_result_and_the_reply_together(store, task_id):
     reply = store.reply(task_id)
     assert reply.reply_id == "reply:" + task_id
     assert reply.document == {"kind": "result", "task_id": task_id, "status": "done",
-                              "result": {"answer": 42}}
+                              "result": {"answer": 42}, "requester": "planner",
+                              "correlation_id": None, "parent_task_id": None}
     assert reply.state == postroom.ReplyState.PENDING
 
 

@@ -269,6 +269,33 @@ class Fail(CommitCrash):
         world.dispatch()
 
 
+class Release(CommitCrash):
+    """A worker dies handing its task back (a shutdown): a committed release gives the
+    attempt back and makes the task claimable at once."""
+
+    def steps(self, world: World) -> Sequence[Call]:
+        return [call("claim", owner="w-dead"), call("release")]
+
+    def left_nothing(self, world: World) -> None:
+        assert _running_under_the_dead_worker(world).attempts == 1
+
+    def left_everything(self, world: World) -> None:
+        task = world.task()
+        assert (task.state, task.owner, task.attempts, task.fence, task.last_error) == (
+            TaskState.PENDING, None, 0, 1, None)
+
+    def retry(self, world: World) -> None:
+        if self.committed:
+            with pytest.raises(Fenced, match="pending"):
+                world.store.release(world.dead_claim)
+        else:
+            world.recover()
+        claim = world.work()
+        # The fence never goes back; the attempt counts once whichever way it went.
+        assert (claim.fence, claim.attempt) == (2, 1 if self.committed else 2)
+        world.dispatch()
+
+
 class Cancel(CommitCrash):
     """The process dies cancelling a pending task (state and reply, one transaction)."""
 
@@ -516,6 +543,7 @@ CRASHES: dict[str, Crash] = {
     **commits("renew", Renew),
     **commits("finish", Finish),
     **commits("fail", Fail),
+    **commits("release", Release),
     **commits("cancel", Cancel),
     **commits("sweep", Sweep),
     **commits("requeue", Requeue),

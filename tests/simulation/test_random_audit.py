@@ -55,7 +55,7 @@ def first_violation(make_url, ops: int = 300):
 
 
 def test_a_rule_that_skips_writing_the_reply_is_reported(make_url, monkeypatch):
-    monkeypatch.setattr(tasks, "_after", lambda tx, settings, task_id, decision: None)
+    monkeypatch.setattr(tasks, "after", lambda tx, settings, row, decision: None)
     violation = first_violation(make_url)
     # Both the operation's own expectation and the SPEC §8 snapshot audit name it.
     assert any("with reply None" in problem for problem in violation.problems)
@@ -66,7 +66,7 @@ def test_a_rule_that_skips_writing_the_reply_is_reported(make_url, monkeypatch):
 
 
 def test_a_reported_violation_reproduces_from_its_seed(make_url, monkeypatch):
-    monkeypatch.setattr(tasks, "_after", lambda tx, settings, task_id, decision: None)
+    monkeypatch.setattr(tasks, "after", lambda tx, settings, row, decision: None)
     violation = first_violation(make_url)
     again = run_seed(violation.seed, violation.step + 1, make_url).violation
     assert again == violation
@@ -108,7 +108,7 @@ def test_rounds_report_a_receiver_that_drops_effects(make_url, monkeypatch):
     def no_effect(self, tx, replies):
         for reply in replies:
             tx.change("receipt_insert", reply_id=reply.reply_id, fingerprint=reply.fingerprint,
-                   body=reply.body, now=tx.now)
+                      body=reply.body, now=tx.now)
         return [postroom.Outcome.delivered() for _ in replies]
 
     # Patched in this process only: the drain's deliveries lose their effects.

@@ -3,18 +3,17 @@
 import postroom
 
 PUBLIC = [
-    "__version__", "Ack", "AuthContext", "BatchFailed", "Claim", "Clock", "Conflict",
-    "Continuation", "ContinuationKind", "DeliveryError", "DispatchReport", "Envelope",
-    "ExpireResult", "ExponentialBackoff", "Fenced", "FixedBackoff", "FollowUp",
-    "InProcessTransport", "InvalidEnvelope", "InvalidInput", "Limits", "ManualClock",
-    "NotFound", "open_store", "OpenResult", "Outcome", "OutcomeKind", "OutcomeUnknown",
-    "Outgoing",
+    "__version__", "Ack", "Attempt", "AttemptOutcome", "AuthContext", "BatchFailed", "Claim",
+    "Clock", "Conflict", "Continuation", "ContinuationKind", "DeliveryError", "DispatchReport",
+    "Envelope", "ExpireResult", "ExponentialBackoff", "Fenced", "FixedBackoff", "FollowUp",
+    "InProcessTransport", "InvalidEnvelope", "InvalidInput", "Limits", "ManualClock", "NotFound",
+    "open_store", "OpenResult", "OpenWait", "Outcome", "OutcomeKind", "OutcomeUnknown", "Outgoing",
     "PayloadCollision", "PermanentDeliveryError", "Position", "PostroomError", "Receiver",
     "ReceiverAck", "Swept", "Reply", "ReplyClaim", "ReplyState", "Requeue", "ResumeResult",
     "Resumption", "SchemaError", "Settings", "SignalReceipt", "SignalResult", "Store",
-    "StoreError", "StoreUnavailable", "SystemClock", "Task", "TaskState",
-    "TransientDeliveryError", "Transport", "Unauthorized", "Wait", "Waiter", "WaitOpening",
-    "WaitState",
+    "StoreError", "StoreUnavailable", "SystemClock", "Task", "TaskState", "TaskStory",
+    "TransientDeliveryError", "Transport", "Unauthorized", "Wait", "WaitNotOpened", "Waiter",
+    "WaitOpening", "WaitState",
 ]
 
 

@@ -6,16 +6,25 @@ import pytest
 
 from postroom import ExponentialBackoff, FixedBackoff, OutcomeKind, ReplyState, TaskState
 from postroom import transitions as t
+from postroom.models import AttemptOutcome
 from postroom.validation import canonical_json, fingerprint
 
 
-def test_a_reply_body_is_the_canonical_json_of_its_document():
-    content = t.reply_content("tid", TaskState.DONE, canonical_json({"b": 1, "a": "é"}))
+@pytest.mark.parametrize("route", [t.Route("planner", "c-1", "parent"), t.Route(None)])
+def test_a_reply_body_is_the_canonical_json_of_its_document(route):
+    content = t.reply_content("tid", TaskState.DONE, canonical_json({"b": 1, "a": "é"}), route)
     document = {"kind": "result", "task_id": "tid", "status": "done",
-                "result": {"a": "é", "b": 1}}
+                "result": {"a": "é", "b": 1}, "requester": route.requester,
+                "correlation_id": route.correlation_id, "parent_task_id": route.parent_task_id}
     assert content.body == canonical_json(document)
     assert content.fingerprint == fingerprint(content.body)
     assert content.reply_id == "reply:tid"
+
+
+def test_a_legacy_reply_body_is_the_canonical_json_of_its_four_fields():
+    body = t.legacy_reply_body("tid", TaskState.FAILED, canonical_json({"error": "x"}))
+    assert body == canonical_json({"kind": "result", "task_id": "tid", "status": "failed",
+                                   "result": {"error": "x"}})
 
 
 @pytest.mark.parametrize(("deadline", "hops", "expected"), [
@@ -25,37 +34,49 @@ def test_a_reply_body_is_the_canonical_json_of_its_document():
     (101.0, 3, TaskState.PENDING),
 ])
 def test_initial_state(deadline, hops, expected):
-    decision = t.initial_state("tid", deadline=deadline, hops=hops, max_hops=4, now=100.0)
+    decision = t.initial_state(deadline=deadline, hops=hops, max_hops=4, now=100.0)
     assert decision.to_state == expected
-    assert (decision.reply is not None) == expected.terminal
+    assert (decision.reply_result is not None) == expected.terminal
 
 
 @pytest.mark.parametrize(("attempts", "expected"), [(1, TaskState.PENDING),
                                                      (2, TaskState.PENDING),
                                                      (3, TaskState.FAILED)])
 def test_lease_expiry(attempts, expected):
-    decision = t.lease_expired("tid", attempts=attempts, max_attempts=3, now=5.0)
+    decision = t.lease_expired(attempts=attempts, max_attempts=3, now=5.0)
     assert decision.to_state == expected
+    assert decision.ended is AttemptOutcome.LEASE_EXPIRED
 
 
 def test_a_retryable_failure_waits_for_the_backoff():
-    decision = t.fail("tid", attempt=1, max_attempts=3, retryable=True, reason="x", now=10.0,
+    decision = t.fail(attempt=1, max_attempts=3, retryable=True, reason="x", now=10.0,
                       delay=4.0)
-    assert (decision.to_state, decision.available_at, decision.reply) == (
+    assert (decision.to_state, decision.available_at, decision.reply_result) == (
         TaskState.PENDING, 14.0, None)
+    assert decision.ended is AttemptOutcome.RETRY
+
+
+def test_a_release_gives_the_attempt_back_and_is_no_failure():
+    decision = t.release(now=10.0, delay=0.0)
+    assert (decision.to_state, decision.available_at, decision.last_error) == (
+        TaskState.PENDING, 10.0, None)
+    assert decision.gives_back and decision.ended is AttemptOutcome.RELEASED
 
 
 @pytest.mark.parametrize(("attempt", "retryable"), [(3, True), (1, False)])
 def test_a_final_failure_is_terminal_with_a_reply(attempt, retryable):
-    decision = t.fail("tid", attempt=attempt, max_attempts=3, retryable=retryable,
+    decision = t.fail(attempt=attempt, max_attempts=3, retryable=retryable,
                       reason="x", now=10.0, delay=4.0)
-    assert decision.to_state == TaskState.FAILED and decision.reply is not None
+    assert decision.to_state == TaskState.FAILED and decision.reply_result is not None
 
 
 @pytest.mark.parametrize("state", list(TaskState))
 def test_only_live_tasks_can_be_cancelled(state):
-    decision = t.cancel("tid", state=state, reason="r", now=1.0)
+    decision = t.cancel(state=state, reason="r", now=1.0)
     assert (decision is None) == state.terminal
+    if decision is not None:
+        running = state is TaskState.RUNNING
+        assert decision.ended is (AttemptOutcome.CANCELLED if running else None)
 
 
 @pytest.mark.parametrize(("kind", "attempt", "expected"), [

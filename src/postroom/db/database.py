@@ -68,7 +68,7 @@ class Tx:
     """One open transaction. Statements are run by query name with keyword parameters."""
 
     __slots__ = ("_conn", "_dialect", "_queries", "channels", "high_water", "now", "op",
-                 "wrote")
+                 "tallies", "wrote")
 
     def __init__(self, conn: Any, dialect: Dialect, op: Write | None) -> None:
         self._conn = conn
@@ -79,6 +79,7 @@ class Tx:
         self.high_water = 0.0
         self.wrote = False
         self.channels: set[str] = set()
+        self.tallies: dict[tuple[str, str, str], int] = {}
 
     @property
     def backend(self) -> str:
@@ -127,6 +128,21 @@ class Tx:
             self.wrote = True
         return count
 
+    def one_each(self, name: str, rows: Sequence[Mapping[str, Any]]) -> list[Row | None]:
+        """Run query ``name`` once per parameter set; the first row of each (or ``None``).
+
+        For a guarded ``... RETURNING`` statement applied to many records: each answer says
+        whether its record matched, as ``one`` would, in as few round trips as the driver
+        allows.
+        """
+        if not rows:
+            return []
+        query = self._queries[name]
+        found = self._dialect.execute_returning(self._conn, query.sql, rows)
+        if query.writes and any(row is not None for row in found):
+            self.wrote = True
+        return found
+
     def change_each(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
         """Run query ``name`` once per parameter set, each of which must change one row.
 
@@ -161,6 +177,17 @@ class Tx:
         """Call after a lock or a read that may see what a decision committed after this
         transaction took its time: ``now`` rises to that decision's time (never falls)."""
         self._dialect.catch_up_time(self)
+
+    def tally(self, kind: str, queue: str, state: str, count: int = 1) -> None:
+        """Add ``count`` to the cumulative count of ``kind`` records of ``queue`` that reached
+        ``state``, once this transaction commits.
+
+        Tallies are summed per transaction and written just before COMMIT, one statement per
+        distinct count, into this connection's shard of the counts (so concurrent writers do
+        not queue on one row).
+        """
+        key = (kind, queue, state)
+        self.tallies[key] = self.tallies.get(key, 0) + count
 
     def notify(self, channel: str) -> None:
         """Announce new work on ``channel`` once this transaction commits.
@@ -213,6 +240,11 @@ class Database:
                 if exc.decided_at is None or tx.wrote or not self._track_time:
                     raise
                 refused, tx.wrote = exc, True
+            if tx.tallies:
+                shard = dialect.clock_shard(tx)
+                tx.change_many("counts_add", [
+                    {"kind": kind, "queue": queue, "state": state, "shard": shard, "n": n}
+                    for (kind, queue, state), n in sorted(tx.tallies.items())])
             if self._track_time:
                 dialect.record_time(tx)
             dialect.before_commit(tx)

@@ -86,6 +86,19 @@ class Dialect(ABC):
     def executemany(self, conn: Any, sql: str, rows: Sequence[Mapping[str, Any]]) -> int:
         """Execute one statement for many parameter sets; return how many rows they changed."""
 
+    def execute_returning(self, conn: Any, sql: str,
+                          rows: Sequence[Mapping[str, Any]]) -> list[Row | None]:
+        """Execute one statement per parameter set and return the first row each returned.
+
+        One statement at a time by default; a driver that can pipeline them does.
+        """
+        found: list[Row | None] = []
+        for params in rows:
+            cursor = self.execute(conn, sql, params)
+            found.append(cursor.fetchone())
+            cursor.fetchall()
+        return found
+
     @abstractmethod
     def execute_script(self, conn: Any, script: str) -> None:
         """Run a schema script inside the open transaction."""

@@ -236,6 +236,17 @@ class PostgresDialect(Dialect):
         # SQLite's statement-journal workaround (see sqlite.py); PostgreSQL needs none.
         "or_fail": "",
         "server_time": "CAST(extract(epoch FROM clock_timestamp()) AS DOUBLE PRECISION)",
+        "same_as": "IS NOT DISTINCT FROM",
+        # The history is text (like every JSON postroom keeps), edited as jsonb.
+        "history_open": ("CAST(coalesce(CAST(history AS jsonb), '[]') || jsonb_build_array("
+                         "jsonb_build_object('attempt', attempts + 1, 'fence', fence + 1, "
+                         "'owner', CAST(:owner AS TEXT), 'started_at', "
+                         "CAST(:now AS DOUBLE PRECISION))) AS TEXT)"),
+        "history_close": ("CAST(jsonb_set(CAST(history AS jsonb), '{-1}', "
+                          "(CAST(history AS jsonb) -> -1) || jsonb_build_object("
+                          "'ended_at', CAST(:now AS DOUBLE PRECISION), "
+                          "'outcome', CAST(:ended AS TEXT), "
+                          "'error', CAST(:last_error AS TEXT))) AS TEXT)"),
     }
     driver_error: ClassVar[type[BaseException]] = psycopg.Error
 
@@ -440,6 +451,18 @@ class PostgresDialect(Dialect):
         with conn.pg.cursor() as cursor:
             cursor.executemany(sql, rows)
             return max(cursor.rowcount, 0)
+
+    def execute_returning(self, conn: _Session, sql: str,
+                          rows: Sequence[Mapping[str, Any]]) -> list[Row | None]:
+        """One statement per parameter set, pipelined (one round trip for all of them)."""
+        found: list[Row | None] = []
+        with conn.pg.cursor() as cursor:
+            cursor.executemany(sql, rows, returning=True)
+            while True:
+                found.append(cursor.fetchone())
+                if not cursor.nextset():
+                    break
+        return found
 
     def execute_script(self, conn: _Session, script: str) -> None:
         """Run a schema script inside the open transaction (one simple-protocol message)."""

@@ -55,6 +55,15 @@ class SQLiteDialect(Dialect):
         "or_fail": "OR FAIL",
         # The host's clock is the only clock there is.
         "server_time": "NULL",
+        # NULL-safe equality.
+        "same_as": "IS",
+        # Append a new attempt to a row's history (a JSON array; the SET reads the row as it
+        # was, so attempts + 1 and fence + 1 are the new attempt's), and close the last one.
+        "history_open": ("json_insert(coalesce(history, '[]'), '$[#]', json_object("
+                         "'attempt', attempts + 1, 'fence', fence + 1, 'owner', :owner, "
+                         "'started_at', :now))"),
+        "history_close": ("json_set(history, '$[#-1].ended_at', :now, '$[#-1].outcome', "
+                          ":ended, '$[#-1].error', :last_error)"),
     }
     driver_error: ClassVar[type[BaseException]] = sqlite3.Error
 

@@ -113,7 +113,8 @@ WHERE replies.reply_id IS NULL
 -- Rows whose content the audit re-derives in Python (identities and fingerprints).
 SELECT inbox.task_id, inbox.principal, inbox.message_id, inbox.fingerprint, inbox.envelope,
        replies.reply_id, replies.body, replies.fingerprint AS reply_fingerprint,
-       replies.status, tasks.result, tasks.last_error
+       replies.status, replies.requester AS reply_requester, tasks.result, tasks.last_error,
+       tasks.requester, tasks.correlation_id, tasks.parent_task_id
 FROM inbox
 LEFT JOIN replies ON replies.task_id = inbox.task_id
 LEFT JOIN tasks ON tasks.task_id = inbox.task_id

@@ -4,10 +4,11 @@
 -- name: reply_insert
 -- Write a terminal task's reply; its id and content never change afterwards. Its fence
 -- starts at the floor of replies (see fence_floor_raise in tasks.sql).
-INSERT INTO replies (reply_id, task_id, status, body, fingerprint, state, attempts, budget,
-                     fence, available_at, created_at, updated_at)
-VALUES (:reply_id, :task_id, :status, :body, :fingerprint, 'pending', 0, :budget,
-        (SELECT floor FROM postroom_fence_floors WHERE kind = 'reply'), :now, :now, :now)
+INSERT INTO replies (reply_id, task_id, status, body, fingerprint, requester, queue, state,
+                     attempts, budget, fence, available_at, created_at, updated_at)
+VALUES (:reply_id, :task_id, :status, :body, :fingerprint, :requester, :queue, 'pending', 0,
+        :budget, (SELECT floor FROM postroom_fence_floors WHERE kind = 'reply'), :now, :now,
+        :now)
 
 -- name: reply_get
 -- One reply, whole, by its task.
@@ -38,19 +39,23 @@ WITH picked AS (
 )
 UPDATE {or_fail} replies
 SET state = 'sending', owner = :owner, lease_until = :lease_until, fence = fence + 1,
-    attempts = attempts + 1, updated_at = :now
+    attempts = attempts + 1, history = {history_open}, updated_at = :now
 FROM picked
 WHERE replies.reply_id = picked.reply_id AND replies.state = 'pending'
 RETURNING replies.reply_id, replies.task_id, replies.body, replies.fingerprint,
-          replies.fence, replies.attempts, replies.budget, replies.lease_until
+          replies.fence, replies.attempts, replies.budget, replies.lease_until,
+          replies.requester
 
 -- name: reply_apply
--- Apply a decision to a reply still in the state and fence it was decided on.
+-- Apply a decision to a reply still in the state and fence it was decided on (closing its
+-- delivery attempt, if one was under way).
 UPDATE replies
 SET state = :to_state, owner = NULL, lease_until = NULL, available_at = :available_at,
-    last_error = :last_error, sent_at = :sent_at, updated_at = :now
+    last_error = :last_error, sent_at = :sent_at,
+    history = CASE WHEN state = 'sending' THEN {history_close} ELSE history END,
+    updated_at = :now
 WHERE reply_id = :reply_id AND state = :from_state AND fence = :fence
-RETURNING reply_id
+RETURNING reply_id, queue
 
 -- name: reply_apply_owned
 -- Record a publisher's delivery outcome: only while its claim is the current one. The
@@ -58,11 +63,12 @@ RETURNING reply_id
 -- body: a claim whose copy of them differs from the reply's own is not this reply's claim.
 UPDATE replies
 SET state = :to_state, owner = NULL, lease_until = NULL, available_at = :available_at,
-    last_error = :last_error, sent_at = :sent_at, updated_at = :now
+    last_error = :last_error, sent_at = :sent_at, history = {history_close},
+    updated_at = :now
 WHERE reply_id = :reply_id AND state = 'sending' AND owner = :claim_owner AND fence = :fence
   AND task_id = :task_id AND attempts = :attempt AND budget = :budget AND body = :body
-  AND fingerprint = :fingerprint
-RETURNING reply_id
+  AND fingerprint = :fingerprint AND requester {same_as} :requester
+RETURNING reply_id, queue
 
 -- name: reply_requeue
 -- An operator sends a dead reply again: a fresh delivery budget, same id and content.
@@ -84,3 +90,9 @@ SELECT * FROM reply_requeues WHERE reply_id = :reply_id ORDER BY requeue_id
 -- name: reply_counts
 -- How many replies are in each state.
 SELECT state, count(*) AS n FROM replies GROUP BY state
+
+-- name: counts_add
+-- Add to a cumulative outcome count (in this connection's shard).
+INSERT INTO postroom_counts (kind, queue, state, shard, n)
+VALUES (:kind, :queue, :state, :shard, :n)
+ON CONFLICT (kind, queue, state, shard) DO UPDATE SET n = postroom_counts.n + excluded.n

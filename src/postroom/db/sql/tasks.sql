@@ -26,10 +26,10 @@ SELECT fingerprint FROM inbox WHERE task_id = :task_id {for_share}
 -- name: task_insert
 -- Create the task of a newly stored message; its fence starts at the floor (see fence_floor_raise).
 INSERT INTO tasks (task_id, principal, message_id, queue, state, payload, deadline,
-                   max_attempts, hops, parent_task_id, correlation_id, attempts, fence,
-                   available_at, result, last_error, created_at, updated_at)
+                   max_attempts, hops, parent_task_id, correlation_id, requester, attempts,
+                   fence, available_at, result, last_error, created_at, updated_at)
 VALUES (:task_id, :principal, :message_id, :queue, :state, :payload, :deadline,
-        :max_attempts, :hops, :parent_task_id, :correlation_id, 0,
+        :max_attempts, :hops, :parent_task_id, :correlation_id, :requester, 0,
         (SELECT floor FROM postroom_fence_floors WHERE kind = 'task'),
         :now, :result, :last_error, :now, :now)
 
@@ -90,6 +90,7 @@ state = 'running' AND owner = :claim_owner AND fence = :fence
   AND lease_until > :now AND deadline > :now
   AND attempts = :attempt AND max_attempts = :max_attempts AND hops = :hops
   AND principal = :principal AND queue = :queue
+  AND correlation_id {same_as} :correlation_id AND requester {same_as} :requester
   -- As a difference, not deadline = :deadline, which a planner without statistics may
   -- answer from the deadline index: slow when many tasks share one deadline.
   AND deadline - :deadline = 0
@@ -113,12 +114,12 @@ WITH picked AS (
 )
 UPDATE {or_fail} tasks
 SET state = 'running', owner = :owner, lease_until = :lease_until, fence = fence + 1,
-    attempts = attempts + 1, updated_at = :now
+    attempts = attempts + 1, history = {history_open}, updated_at = :now
 FROM picked
 WHERE tasks.task_id = picked.task_id AND tasks.state = 'pending'
 RETURNING tasks.task_id, tasks.principal, tasks.message_id, tasks.queue, tasks.payload,
           tasks.deadline, tasks.max_attempts, tasks.hops, tasks.attempts, tasks.fence,
-          tasks.lease_until
+          tasks.lease_until, tasks.correlation_id, tasks.requester
 
 -- name: tasks_lease_expired
 -- Running tasks whose lease ran out, oldest first (bounded sweep). Where rows can be locked,
@@ -146,22 +147,25 @@ SELECT * FROM tasks WHERE task_id = :task_id
 SELECT task_id FROM tasks WHERE task_id = :task_id {for_share}
 
 -- name: task_apply
--- Apply a decision to a task still in the state and fence it was decided on.
+-- Apply a decision to a task still in the state and fence it was decided on (closing its
+-- running attempt, if it was running); returns the task's route, for its reply.
 UPDATE tasks
-SET state = :to_state, owner = :owner, lease_until = :lease_until,
+SET state = :to_state, owner = NULL, lease_until = NULL,
     available_at = :available_at, result = :result, last_error = :last_error,
+    history = CASE WHEN state = 'running' THEN {history_close} ELSE history END,
     updated_at = :now
 WHERE task_id = :task_id AND state = :from_state AND fence = :fence
-RETURNING task_id
+RETURNING task_id, queue, requester, correlation_id, parent_task_id
 
 -- name: task_apply_owned
--- Apply an owner's decision, only while the owner's claim is current.
+-- Apply an owner's decision, only while the owner's claim is current, closing its attempt
+-- (given back, for a release); returns the task's route, for its reply.
 UPDATE tasks
-SET state = :to_state, owner = :owner, lease_until = :lease_until,
+SET state = :to_state, owner = NULL, lease_until = NULL,
     available_at = :available_at, result = :result, last_error = :last_error,
-    updated_at = :now
+    attempts = attempts - :give_back, history = {history_close}, updated_at = :now
 WHERE task_id = :task_id AND {claim_is_current}
-RETURNING task_id
+RETURNING task_id, queue, requester, correlation_id, parent_task_id
 
 -- name: task_renew
 -- Extend a current claim's lease.

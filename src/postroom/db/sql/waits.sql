@@ -21,8 +21,10 @@ RETURNING generation
 
 -- name: wait_insert
 -- A new generation, waiting.
-INSERT INTO waits (flow, step, generation, state, deadline, task_id, request_id, opened_at)
-VALUES (:flow, :step, :generation, 'waiting', :deadline, :task_id, :request_id, :now)
+INSERT INTO waits (flow, step, generation, state, deadline, task_id, request_id, responder,
+                   opened_at)
+VALUES (:flow, :step, :generation, 'waiting', :deadline, :task_id, :request_id, :responder,
+        :now)
 
 -- name: wait_get
 -- One generation of a wait, with its continuation's kind and consumption (if any).
@@ -34,9 +36,13 @@ LEFT JOIN wait_continuations
       AND wait_continuations.generation = waits.generation
 WHERE waits.flow = :flow AND waits.step = :step AND waits.generation = :generation
 
+-- name: waits_of_task
+-- The waits a task opened (the parent of their follow-ups), oldest first.
+SELECT * FROM waits WHERE task_id = :task_id ORDER BY opened_at, flow, step, generation
+
 -- name: wait_by_request
 -- The generation a registration request id opened in a slot, with what it was asked.
-SELECT generation, deadline, task_id FROM waits
+SELECT generation, deadline, task_id, responder FROM waits
 WHERE flow = :flow AND step = :step AND request_id = :request_id
 
 -- name: wait_end
