@@ -63,7 +63,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import postroom
 from postroom import faults
@@ -431,6 +431,8 @@ def release_each(orders: Sequence[tuple[Child, str, Mapping[str, Any]]], *,
 
 # -- the step protocol, the child's side -----------------------------------------------------
 
+_T = TypeVar("_T")
+
 
 class Context:
     """What a child holds between steps: its databases, its clock, its latest claim, and what
@@ -461,19 +463,20 @@ class Context:
                 self._receiver.close()
             self._receiver = postroom.Receiver.open(receiver, clock=self.clock)
 
+    def _needs(self, held: _T | None, lacking: str) -> _T:
+        if held is None:
+            raise LookupError(f"{self.name} {lacking}")
+        return held
+
     @property
     def store(self) -> postroom.Store:
         """The store this child opened."""
-        if self._store is None:
-            raise LookupError(f"{self.name} has no store open")
-        return self._store
+        return self._needs(self._store, "has no store open")
 
     @property
     def receiver(self) -> postroom.Receiver:
         """The receiver this child opened."""
-        if self._receiver is None:
-            raise LookupError(f"{self.name} has no receiver open")
-        return self._receiver
+        return self._needs(self._receiver, "has no receiver open")
 
     @property
     def manual_clock(self) -> postroom.ManualClock:
@@ -485,9 +488,7 @@ class Context:
     @property
     def held(self) -> postroom.Claim:
         """The claim this process holds (its latest)."""
-        if self.claim is None:
-            raise LookupError(f"{self.name} holds no claim")
-        return self.claim
+        return self._needs(self.claim, "holds no claim")
 
     def note(self, record: Any) -> None:
         """Tell the parent something now, while the step runs (``Child.notes``)."""
