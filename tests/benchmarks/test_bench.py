@@ -13,7 +13,6 @@ import json
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from postroom._bench.report import render
 from postroom._bench.runner import SCENARIOS, default_folder
 from tests import pg
 from tests.conftest import require_postgres
+from tests.harness.children import python, run
 
 pytestmark = pytest.mark.slow
 
@@ -36,8 +36,7 @@ POSTGRES_THROUGHPUT_ROWS = {f"pg.{key}.{kind}.workers_{workers}" for key in ("cl
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "postroom", "bench", "--quick", *args],
-                          capture_output=True, text=True, check=False, timeout=300)
+    return run(python("-m", "postroom", "bench", "--quick", *args), timeout=300)
 
 
 @pytest.fixture(scope="module")

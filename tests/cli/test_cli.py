@@ -5,17 +5,17 @@ from __future__ import annotations
 import json
 import sqlite3
 import subprocess
-import sys
 from contextlib import closing
 
 import postroom
 from postroom.db import Database, dialect_for_url, redacted_url
+from tests.harness import children
+from tests.harness.children import python
 from tests.support import database_of, envelope
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "postroom", *args], capture_output=True,
-                          text=True, check=False, timeout=120)
+    return children.run(python("-m", "postroom", *args), timeout=120)
 
 
 def test_demo_tells_the_whole_story_and_succeeds():

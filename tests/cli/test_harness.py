@@ -7,19 +7,16 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.harness.children import Process, python, run
 
 
 def harness(*args: str) -> subprocess.CompletedProcess[str]:
-    """``python -m tests.harness ARGS`` from the checkout's root."""
-    return subprocess.run([sys.executable, "-m", "tests.harness", *args], capture_output=True,
-                          text=True, check=False, timeout=120, cwd=ROOT)
+    """``python -m tests.harness ARGS``."""
+    return run(python("-m", "tests.harness", *args), timeout=120)
 
 
 def test_random_audit_prints_a_clean_summary_and_exits_zero(tmp_path):
@@ -99,20 +96,16 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_stop_signal_ends_a_drain_and_its_worker_processes(tmp_path, signum):
-    command = [sys.executable, "-m", "tests.harness", "drain",
-               f"sqlite:///{tmp_path / 'store.db'}",
-               "--tasks", "5000", "--workers", "2", "--dispatchers", "1", "--kill-every", "0"]
-    with subprocess.Popen(command, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL, cwd=ROOT) as drain:
-        try:
-            deadline = time.monotonic() + 60
-            while len(workers := _children(drain.pid)) < 3:  # the enqueueing comes first
-                assert drain.poll() is None and time.monotonic() < deadline
-                time.sleep(0.05)
-            drain.send_signal(signum)
-            assert drain.wait(timeout=30) == 128 + signum  # 143 for SIGTERM, 130 for Ctrl-C
-        finally:
-            drain.kill()
+    command = python("-m", "tests.harness", "drain", f"sqlite:///{tmp_path / 'store.db'}",
+                     "--tasks", "5000", "--workers", "2", "--dispatchers", "1",
+                     "--kill-every", "0")
+    with Process(command, name="drain") as drain:
+        deadline = time.monotonic() + 60
+        while len(workers := _children(drain.pid)) < 3:  # the enqueueing comes first
+            assert drain.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        drain.signal(signum)
+        assert drain.wait(timeout=30) == 128 + signum  # 143 for SIGTERM, 130 for Ctrl-C
     deadline = time.monotonic() + 10
     while any(map(_alive, workers)) and time.monotonic() < deadline:
         time.sleep(0.05)  # killed; init reaps them as orphans

@@ -16,7 +16,7 @@ from postroom import ReplyState, TaskState
 from postroom.audit import audit_url
 from postroom.transitions import reply_id_for
 from postroom.validation import task_id_for
-from tests.processes import Answer, Child, release, release_each, spawn
+from tests.harness.children import Answer, Child, release, release_each, spawn
 from tests.support import SETTINGS, START, envelope, latest_schema
 
 CLAIM_ROUNDS = 100
@@ -297,7 +297,7 @@ def test_a_wait_opened_on_a_task_being_pruned_never_loses_its_parent(db_url, clo
     with postroom.open_store(db_url, clock=clock,
                              settings=postroom.Settings(retention=60.0)) as store, \
             spawn(1, name="pruner", store=db_url) as (pruner,), \
-            spawn(1, name="opener", store=db_url, modules=["tests.wait_steps"]) as (opener,):
+            spawn(1, name="opener", store=db_url) as (opener,):
         kept = 0
         for round_ in range(PRUNE_ROUNDS):
             queue = f"round-{round_}"

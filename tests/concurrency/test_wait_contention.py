@@ -17,7 +17,7 @@ import pytest
 import postroom
 from postroom import ContinuationKind, WaitState
 from postroom.audit import audit_database
-from tests.processes import Answer, Child, release, release_each, spawn
+from tests.harness.children import Answer, Child, release, release_each, spawn
 from tests.support import SETTINGS, START, database_of, envelope
 
 ROUNDS = int(os.environ.get("POSTROOM_CONTENTION_ROUNDS", "40"))
@@ -29,7 +29,7 @@ ADDRESS = {"flow": FLOW, "step": STEP, "generation": 1}
 
 @pytest.fixture(scope="module")
 def children() -> Iterator[list[Child]]:
-    with spawn(PROCESSES, name="racer", modules=["tests.wait_steps"]) as started:
+    with spawn(PROCESSES, name="racer") as started:
         yield started
 
 

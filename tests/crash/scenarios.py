@@ -40,7 +40,7 @@ LEASE = SETTINGS.lease
 
 @dataclass(frozen=True)
 class Call:
-    """One step the child runs (see ``tests.processes``), at ``START + at`` if given."""
+    """One step the child runs (see ``tests.harness.steps``), at ``START + at`` if given."""
 
     name: str
     args: Mapping[str, Any] = field(default_factory=dict)
@@ -57,8 +57,6 @@ class Crash:
 
     #: Whether the child opens the store and the receiver before its first step.
     opens = True
-    #: Modules the child imports for steps of its own (e.g. ``"tests.wait_steps"``).
-    modules: Sequence[str] = ()
 
     def setup(self, world: World) -> None:
         """Prepare the databases: by default one pending task, ``m-1``."""

@@ -18,7 +18,7 @@ from tests.crash.scenarios import CRASHES as TASK_CRASHES
 from tests.crash.scenarios import Call, Crash
 from tests.crash.wait_scenarios import WAIT_CRASHES
 from tests.crash.world import World
-from tests.processes import Child
+from tests.harness.children import Child
 from tests.support import START
 
 #: The exit code of a crashed child; no other way out of a child produces it.
@@ -32,8 +32,7 @@ def crash_child(world: World, crash: Crash, point: str) -> None:
     """Run the scenario's steps in a child; the last one, with ``point`` armed, must kill it."""
     *before, last = crash.steps(world)
     urls = {"store": world.store_url, "receiver": world.receiver_url} if crash.opens else {}
-    child = Child(name=f"crash@{point}", now=world.clock.now(), modules=crash.modules, **urls)
-    try:
+    with Child(name=f"crash@{point}", now=world.clock.now(), **urls) as child:
         child.ready()
         for step in before:
             world.answers[step.name] = child.call(step.name, now=moment(world, step),
@@ -44,8 +43,6 @@ def crash_child(world: World, crash: Crash, point: str) -> None:
         assert code == CODE, (f"{point} was not reached: {last.name!r} answered "
                               f"{child.unanswered()} and the child exited {code}\n"
                               f"{child.stderr()}")
-    finally:
-        child.stop()
 
 
 def moment(world: World, step: Call) -> float:

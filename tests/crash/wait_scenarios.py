@@ -64,7 +64,6 @@ def finish_both(world: World) -> None:
 class WaitCrash(CommitCrash):
     """A crash inside one wait operation of the flow."""
 
-    modules: Sequence[str] = ("tests.wait_steps",)
     #: How the wait ends in this flow.
     ends = WaitState.SIGNALED
 

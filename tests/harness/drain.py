@@ -18,8 +18,6 @@ from __future__ import annotations
 import contextlib
 import math
 import random
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -34,6 +32,7 @@ from postroom.receiver import Receiver
 from postroom.settings import FixedBackoff, Settings
 from postroom.store import Store, open_store
 from postroom.transports import InProcessTransport
+from tests.harness.children import Process, python
 from tests.support import database_of
 
 __all__ = ["DrainReport", "run_drain"]
@@ -97,37 +96,43 @@ class DrainReport:
 
 
 class _Children:
-    """The worker and dispatcher processes, by name."""
+    """The worker and dispatcher processes, by slot (``worker-3``); a slot's process is
+    replaced under a new owner name (``worker-3.2``)."""
 
     def __init__(self, store_url: str, receiver_url: str, lease: float, batch: int) -> None:
         self._args = {"worker": [store_url, str(lease), str(batch)],
                       "dispatcher": [store_url, receiver_url, str(lease), str(batch)]}
-        self.running: dict[str, subprocess.Popen[bytes]] = {}
+        self.running: dict[str, Process] = {}
         self._generation: dict[str, int] = {}
 
     def start(self, slot: str) -> None:
+        """Start the slot's next process (closing its previous one)."""
+        if slot in self.running:
+            self.running[slot].close()
         role = slot.split("-", 1)[0]
         self._generation[slot] = self._generation.get(slot, 0) + 1
         owner = f"{slot}.{self._generation[slot]}"
-        self.running[slot] = subprocess.Popen(
-            [sys.executable, "-m", "tests.harness.drain", role, owner, *self._args[role]],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        self.running[slot] = Process(
+            python("-m", "tests.harness.drain", role, owner, *self._args[role]), name=owner)
 
     def kill(self, slot: str) -> None:
-        child = self.running[slot]
-        child.send_signal(signal.SIGKILL)
-        child.wait()
+        """SIGKILL the slot's process, wherever it is."""
+        self.running[slot].kill()
 
     def reap(self) -> list[str]:
         """Slots whose process exited by itself."""
         return [slot for slot, child in self.running.items() if child.poll() is not None]
 
+    def last_words(self, slot: str) -> str:
+        """How the slot's process ended: its exit code and the last line of its stderr."""
+        child = self.running[slot]
+        said = child.stderr().strip().splitlines()[-1:]
+        return f"{child.name} exited {child.poll()}" + "".join(f": {line}" for line in said)
+
     def stop_all(self) -> None:
+        """SIGKILL and reap every process."""
         for child in self.running.values():
-            if child.poll() is None:
-                child.send_signal(signal.SIGKILL)
-        for child in self.running.values():
-            child.wait()
+            child.close()
 
 
 def run_drain(store_url: str, receiver_url: str | None = None, *, tasks: int = 10_000,
@@ -213,6 +218,7 @@ class _Conductor:
             self.seconds = now - started
             for slot in children.reap():
                 self.deaths += 1
+                self._echo(f"drain: {children.last_words(slot)}; replaced")
                 children.start(slot)
             if now >= next_kill:
                 slot = self._rng.choice(self._slots)

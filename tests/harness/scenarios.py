@@ -31,8 +31,6 @@ A refused call reports ``{"error": "<exception class>"}``.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -46,6 +44,7 @@ from postroom.errors import InvalidInput, PostroomError
 from postroom.models import AuthContext, Envelope, FollowUp
 from postroom.store import Store
 from tests.harness import queries
+from tests.harness.children import Child, Context, step
 from tests.support import database_of
 
 __all__ = ["CRASH_EXIT", "START", "Outcome", "check", "crash_points", "load", "run"]
@@ -179,32 +178,29 @@ class _Case:
         return perform(self.store, step["do"], step, self.tasks)
 
     def _child(self, step: Step) -> Report:
-        config = {"url": self.url, "now": self.clock.now(), "step": step["step"],
-                  "tasks": self.tasks, "point": step.get("point")}
-        done = subprocess.run(
-            [sys.executable, "-c", "from tests.harness.scenarios import child; child()",
-             json.dumps(config)],
-            capture_output=True, text=True, encoding="utf-8", check=False, timeout=120)
-        if step["do"] == "crash":
-            return {"exit": done.returncode}
-        if done.returncode != 0:
-            return {"exit": done.returncode, "stderr": done.stderr[-2000:]}
-        report: Report = json.loads(done.stdout.strip().splitlines()[-1])
+        """Run ``step["step"]`` in a child with its own connection (armed to crash at
+        ``step["point"]`` for a ``crash`` step)."""
+        with Child(name=f"scenario {step['do']}", store=self.url, now=self.clock.now(),
+                   modules=[__name__]) as child:
+            child.ready()
+            if step["do"] == "crash":
+                child.call("arm", point=step["point"], code=CRASH_EXIT)
+            child.go("scenario", step=step["step"], tasks=self.tasks)
+            if step["do"] == "crash":
+                return {"exit": child.exit_code()}
+            answer = child.answer()
+            if answer.error is not None:
+                return {"exit": child.exit_code(), "error": answer.error,
+                        "stderr": child.stderr()[-2000:]}
+        report: Report = answer.value
         self.tasks.update(report.pop("tasks", {}))
         return report
 
 
-def child() -> None:
-    """A step run in a fresh interpreter: its own connection, its own clock; maybe a crash."""
-    config = json.loads(sys.argv[1])
-    store = Store.open(config["url"], clock=ManualClock(config["now"]))
-    tasks: dict[str, str] = config["tasks"]
-    if config["point"] is not None:
-        faults.arm(config["point"], faults.crash(CRASH_EXIT))
-    step = config["step"]
-    report = perform(store, step["do"], step, tasks)
-    store.close()
-    print(json.dumps({**report, "tasks": tasks}))
+@step("scenario")
+def _scenario(ctx: Context, step: Step, tasks: dict[str, str]) -> Report:
+    """A scenario's step, run in a child on its own connection and clock."""
+    return {**perform(ctx.store, step["do"], step, tasks), "tasks": tasks}
 
 
 def perform(store: Store, kind: str, step: Step, tasks: dict[str, str]) -> Report:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
@@ -23,6 +21,7 @@ from postroom.db.database import Tx
 from postroom.db.postgres import PostgresDialect, lost_commit_fate
 from tests import pg
 from tests.conftest import require_postgres
+from tests.harness.children import spawn
 from tests.support import database_of, envelope
 
 FAR = 4_000_000_000.0  # a deadline far ahead of the server clock
@@ -184,17 +183,10 @@ def test_a_lost_commits_fate_is_read_from_its_id_only_when_the_id_is_surely_its_
 
 # -- wake-ups across processes ------------------------------------------------------------------
 
-SENDER = """
-import sys, postroom
-from tests.support import envelope
-with postroom.open_store(sys.argv[1]) as store:
-    store.receive(postroom.AuthContext(principal="planner"),
-                  envelope("from-afar", deadline=4e9, queue=sys.argv[2]))
-"""
-
-
 def send_from_another_process(url: str, queue: str) -> None:
-    subprocess.run([sys.executable, "-c", SENDER, url, queue], check=True, timeout=120)
+    """Receive one message in a process of its own, on the system clock."""
+    with spawn(1, name="sender", store=url, now=None) as (sender,):
+        sender.call("receive", message_id="from-afar", deadline=FAR, queue=queue)
 
 
 def test_a_waiter_hears_a_commit_made_by_another_process(pg_url):

@@ -1,45 +1,73 @@
 """One process of a multi-process round: a random burst of work on a shared store.
 
-Run as ``python -m tests.harness.simulation.burst CONFIG_JSON``. The process opens its own
-connections, prints ``READY``, waits for ``GO`` on stdin (so every process of the round
-starts together), then runs its burst, printing one JSON line per operation (with the ids of
-any tasks it was ACKed) and ``{"done": true}`` at the end. An unexpected error is printed as
-``{"error": ...}`` and exits 3. The parent may SIGKILL it at any moment.
+The round's processes are children of ``tests.harness.children`` that import this module for
+its two steps: ``burst_open`` (given the round's config and the process's index) opens the
+child's own connections, and ``burst``, to which the round releases every child at once, runs
+the burst, noting one record per operation (with the ids of any tasks it was ACKed), and
+answers how many operations it ran. The parent may SIGKILL it at any moment.
+``burst_steps`` registers the same pair of steps for another kind of burst (``wait_burst``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import random
-import sys
-import traceback
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
-from postroom.clock import ManualClock
 from postroom.errors import Fenced
 from postroom.models import AuthContext, Claim, Envelope, FollowUp
-from postroom.receiver import Receiver
-from postroom.store import Store
 from postroom.transports import InProcessTransport
 from postroom.validation import follow_up_principal, task_id_for
+from tests.harness.children import Context, step
 from tests.harness.simulation.rounds import ROUND_QUEUES, ROUND_SETTINGS
 
-__all__ = ["Burst", "main", "serve"]
+__all__ = ["Burst", "Call", "burst_steps"]
+
+#: One call of a burst: its name, and what runs it and reports what it did.
+Call = tuple[str, Callable[[], dict[str, Any]]]
+
+
+class Bursting(Protocol):
+    """A process's part in a round: built from the round's config, it plans its calls."""
+
+    def calls(self) -> Iterable[Call]:
+        """The calls to make, in order (planned lazily or up front)."""
+        ...
+
+
+def burst_steps(name: str, make: Callable[[Context, dict[str, Any]], Bursting]) -> None:
+    """Register the steps ``<name>_open`` (``make(context, config)``, which opens the
+    process's connections) and ``<name>`` (run its calls, noting ``{"op": name, **what it
+    did}`` for each; answers how many ran)."""
+
+    @step(f"{name}_open")
+    def _open(ctx: Context, config: dict[str, Any]) -> None:
+        ctx.kept[name] = make(ctx, config)
+
+    @step(name)
+    def _run(ctx: Context) -> int:
+        count = 0
+        for op, call in ctx.kept[name].calls():
+            ctx.note({"op": op, **call()})
+            count += 1
+        return count
+
 
 class Burst:
     """The state of one process's burst."""
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, ctx: Context, config: dict[str, Any]) -> None:
+        self.config = config
         self.rng = random.Random(f"{config['seed']}/{config['round']}/{config['index']}")
         self.name = f"r{config['round']}p{config['index']}"
-        self.clock = ManualClock(config["base"])
-        self.store = Store.open(config["store"], clock=self.clock, settings=ROUND_SETTINGS,
-                                seed=self.rng.randrange(2**32))
-        self.receiver = Receiver.open(config["receiver"], clock=self.clock)
-        self.transport = InProcessTransport(self.receiver)
+        self.clock = ctx.manual_clock
+        self.clock.set(config["base"])
+        ctx.open(config["store"], config["receiver"], settings=ROUND_SETTINGS,
+                 seed=self.rng.randrange(2**32))
+        self.store = ctx.store
+        self.transport = InProcessTransport(ctx.receiver)
         self.auth = AuthContext(principal=f"agent-{config['index'] % 3}")
         self.sent: list[Envelope] = []
         self.claims: list[Claim] = []
@@ -138,49 +166,18 @@ class Burst:
         }
 
 
-def _say(record: Any) -> None:
-    sys.stdout.write((record if isinstance(record, str) else json.dumps(record)) + "\n")
-    sys.stdout.flush()
+    def calls(self) -> Iterator[Call]:
+        """``config["ops"]`` operations, each drawn (by weight) just before it runs."""
+        table = self.operations()
+        names = list(table)
+        weights = [table[name][0] for name in names]
 
+        def acks(name: str) -> dict[str, Any]:
+            return {"acks": table[name][1]()}
 
-def serve(calls: Iterable[tuple[str, Callable[[], dict[str, Any]]]]) -> int:
-    """Say READY, wait for GO, then run each call, printing ``{"op": name, **what it did}``.
-
-    Returns the exit code: 0 when every call ran, 2 without GO, 3 after an unexpected error
-    (printed as ``{"error": ...}``).
-    """
-    _say("READY")
-    if sys.stdin.readline().strip() != "GO":
-        return 2
-    try:
-        for name, call in calls:
-            _say({"op": name, **call()})
-    except Exception as exc:
-        _say({"error": f"{type(exc).__name__}: {exc}",
-              "traceback": traceback.format_exc(limit=8)})
-        return 3
-    _say({"done": True})
-    return 0
-
-
-def main(argv: list[str]) -> int:
-    """Open, report READY, wait for GO, run the burst."""
-    config = json.loads(argv[0])
-    burst = Burst(config)
-    table = burst.operations()
-    names = list(table)
-    weights = [table[name][0] for name in names]
-
-    def acks(name: str) -> dict[str, Any]:
-        return {"acks": table[name][1]()}
-
-    def calls() -> Iterator[tuple[str, Callable[[], dict[str, Any]]]]:
-        for _ in range(config["ops"]):
-            name = burst.rng.choices(names, weights)[0]
+        for _ in range(self.config["ops"]):
+            name = self.rng.choices(names, weights)[0]
             yield name, functools.partial(acks, name)
 
-    return serve(calls())
 
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+burst_steps("burst", Burst)

@@ -1,7 +1,7 @@
 """Multi-process rounds: real processes with their own connections, racing on one store.
 
-Each round starts P processes (``tests.harness.simulation.burst``), waits until every one has
-opened its connections and said READY, then releases them together with GO. Each runs a
+Each round starts P processes (children with the steps of ``tests.harness.simulation.burst``),
+waits until every one has opened its connections, then releases them together with GO. Each runs a
 random burst of receives, claims, finishes, fails, renewals, dispatches and sweeps, on
 its own manual clock (so the processes disagree about time, as hosts do). Some are killed
 with SIGKILL after a random number of operations, wherever they are.
@@ -14,13 +14,7 @@ terminal with its reply sent, and the receiver holds exactly one effect per repl
 
 from __future__ import annotations
 
-import contextlib
-import json
 import random
-import signal
-import subprocess
-import sys
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +25,7 @@ from postroom.settings import ExponentialBackoff, Settings
 from postroom.store import Store
 from postroom.transitions import reply_id_for
 from postroom.transports import InProcessTransport
+from tests.harness.children import ENDED, Answer, Child, ChildError, release, release_each, spawn
 from tests.harness.simulation.checks import Transition, audit_problems, check_transition
 from tests.harness.simulation.world import START, TERMINAL, Snapshot, UrlFactory, read_snapshot
 from tests.support import database_of
@@ -55,7 +50,6 @@ BURST_OPS = 30
 #: Share of processes killed mid-burst.
 KILL_RATE = 0.3
 _DRAIN_PASSES = 30
-_PROCESS_TIMEOUT = 300.0  # seconds; a burst takes well under one
 
 
 @dataclass(kw_only=True, slots=True)
@@ -71,19 +65,13 @@ class RoundsResult:
     violations: list[dict[str, Any]] = field(default_factory=list)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class RoundProcess:
-    """One process of a round: how to reach it, when to kill it, and what it printed."""
+    """What one process of a round did: the records it noted, and whether it was SIGKILLed."""
 
     index: int
-    popen: subprocess.Popen[str]
-    kill_after: int | None
-    records: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def killed(self) -> bool:
-        """Whether the round SIGKILLed it."""
-        return self.popen.returncode == -signal.SIGKILL
+    records: list[dict[str, Any]]
+    killed: bool
 
 
 class SharedStore:
@@ -186,8 +174,8 @@ def play_rounds(shared: SharedStore, result: RoundsResult, rounds: int, *, label
 def _burst(config: dict[str, Any], *, count: int, rng: random.Random, kill_rate: float,
            result: RoundsResult, acked: set[str]) -> list[str]:
     """Start, release and follow the processes of one round; returns its problems."""
-    started, problems = release_processes("tests.harness.simulation.burst", config, count=count,
-                                          rng=rng, kill_rate=kill_rate)
+    started, problems = release_processes("tests.harness.simulation.burst", "burst", config,
+                                          count=count, rng=rng, kill_rate=kill_rate)
     result.processes += count
     for process in started:
         result.killed += process.killed
@@ -197,90 +185,48 @@ def _burst(config: dict[str, Any], *, count: int, rng: random.Random, kill_rate:
     return problems
 
 
-def release_processes(module: str, config: dict[str, Any], *, count: int, rng: random.Random,
-                      kill_rate: float) -> tuple[list[RoundProcess], list[str]]:
-    """Run ``count`` processes of ``module`` together; returns them and what went wrong.
+def release_processes(module: str, steps: str, config: dict[str, Any], *, count: int,
+                      rng: random.Random, kill_rate: float
+                      ) -> tuple[list[RoundProcess], list[str]]:
+    """Run ``count`` children with the steps of ``module`` together; what each did, and what
+    went wrong.
 
-    Each gets ``config`` plus its ``index``, must say READY once it has opened its
-    connections, and starts at GO, which goes to all of them only once every one is ready.
-    A share ``kill_rate`` of them is SIGKILLed after a random number (up to
-    ``config["ops"]``) of the JSON lines it prints.
+    Each opens its own connections in its step ``<steps>_open``, given ``config`` plus its
+    ``index``; only once every one has are they all released into the step ``<steps>``, in
+    which each notes one record per operation. A share ``kill_rate`` of them is SIGKILLed
+    after a random number (up to ``config["ops"]``) of records.
     """
-    command = [sys.executable, "-m", module]
-    started = [RoundProcess(index, subprocess.Popen(
-                   [*command, json.dumps({**config, "index": index})],
-                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                   text=True),
-                   kill_after=rng.randint(1, config["ops"]) if rng.random() < kill_rate
-                   else None)
-               for index in range(count)]
-    problems: list[str] = []
-    try:
-        for process in started:  # READY from all before GO to any: they start together
-            assert process.popen.stdout is not None
-            if process.popen.stdout.readline().strip() != "READY":
-                problems.append(f"process {process.index} did not get ready")
+    kill_after = [rng.randint(1, config["ops"]) if rng.random() < kill_rate else None
+                  for _ in range(count)]
+    with spawn(count, name=f"round-{config['round']}", modules=[module]) as children:
+        opened = release_each([(child, f"{steps}_open", {"config": {**config, "index": index}})
+                               for index, child in enumerate(children)])
+        problems = [f"process {index} did not get ready: {answer.error}: {answer.message}"
+                    for index, answer in enumerate(opened) if answer.error is not None]
         if not problems:
-            _release(started)
-    finally:
-        for process in started:
-            problems += _finish(process)
+            for child, notes in zip(children, kill_after, strict=True):
+                if notes is not None:
+                    child.kill_after(notes)
+            try:
+                answers = release(children, steps)
+            except ChildError as exc:  # one of them hangs: the round has failed
+                answers = []
+                problems.append(str(exc))
+            for index, (child, answer) in enumerate(zip(children, answers, strict=False)):
+                problems += _problems(f"process {index}", child, answer)
+        started = [RoundProcess(index, child.notes, child.killed)
+                   for index, child in enumerate(children)]
     return started, problems
 
 
-def _release(started: list[RoundProcess]) -> None:
-    """Say GO to every process, then follow them all until they end."""
-    for process in started:
-        assert process.popen.stdin is not None
-        with contextlib.suppress(BrokenPipeError):  # died after READY: reported by _finish
-            process.popen.stdin.write("GO\n")
-            process.popen.stdin.close()
-    followers = [threading.Thread(target=_follow, args=(process,), daemon=True)
-                 for process in started]
-    for follower in followers:
-        follower.start()
-    for follower in followers:
-        follower.join(_PROCESS_TIMEOUT)
-
-
-def _follow(process: RoundProcess) -> None:
-    """Read a process's lines; SIGKILL it after its ``kill_after``-th operation."""
-    assert process.popen.stdout is not None
-    for line in process.popen.stdout:
-        try:
-            process.records.append(json.loads(line))
-        except ValueError:
-            process.records.append({"garbled": line})
-        if len(process.records) == process.kill_after:
-            with contextlib.suppress(ProcessLookupError):
-                process.popen.send_signal(signal.SIGKILL)
-
-
-def _finish(process: RoundProcess) -> list[str]:
-    """Reap a process (killing it if it hangs) and name what went wrong with it."""
-    popen = process.popen
-    if popen.stdin is not None:
-        with contextlib.suppress(BrokenPipeError):  # unsent GO to a process already gone
-            popen.stdin.close()  # one still waiting for GO reads end-of-file and leaves
-    try:
-        popen.wait(_PROCESS_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        popen.kill()
-        popen.wait()
-        process.records.append({"error": "hung"})
-    stderr = popen.stderr.read() if popen.stderr is not None else ""
-    for pipe in (popen.stdin, popen.stdout, popen.stderr):
-        if pipe is not None:
-            pipe.close()
-    name = f"process {process.index}"
-    errors = [record for record in process.records if "error" in record]
-    if errors:
-        return [f"{name}: {errors[0]['error']}\n{errors[0].get('traceback', '')}"]
-    if process.killed:
-        return []
-    if popen.returncode != 0 or not process.records or process.records[-1] != {"done": True}:
-        return [f"{name} exited {popen.returncode}: {stderr.strip()[-2000:]}"]
-    return []
+def _problems(name: str, child: Child, answer: Answer) -> list[str]:
+    """What went wrong with a process of a round, given its answer to the burst."""
+    if answer.error not in (None, ENDED):
+        return [f"{name}: {answer.error}: {answer.message}{child.tail()}"]
+    if answer.error is None:
+        code = child.exit_code()  # reaped: a SIGKILL that came after the answer shows now
+        return [] if code == 0 or child.killed else [f"{name} exited {code}{child.tail()}"]
+    return [] if child.killed else [f"{name}: {answer.message}"]
 
 
 def drain(store: Store, receiver: Receiver, clock: ManualClock,

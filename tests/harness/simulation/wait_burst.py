@@ -1,7 +1,7 @@
 """One process of a wait round: its part in each of the round's contests, on a shared store.
 
-Run as ``python -m tests.harness.simulation.wait_burst CONFIG_JSON``; the protocol is
-``burst.serve``'s (READY, GO, one JSON line per call, ``{"done": true}``). The config names
+Its steps are ``wait_burst_open`` and ``wait_burst``, registered as ``burst`` registers its
+own (one note per call, each saying what the store answered). The config names
 the round's flow, its deadline and the order of the contests; every process plays its part
 in each contest in that order, so all of them hit the same slot at about the same moment:
 
@@ -22,37 +22,33 @@ or let the clock tick. Each line says what the store answered, for the parent to
 
 from __future__ import annotations
 
-import json
 import random
-import sys
 from collections.abc import Callable
 from typing import Any
 
-from postroom.clock import ManualClock
 from postroom.models import AuthContext, FollowUp
-from postroom.store import Store
-from tests.harness.simulation.burst import serve
+from tests.harness.children import Context
+from tests.harness.simulation.burst import Call, burst_steps
 from tests.harness.simulation.rounds import ROUND_SETTINGS
 
-__all__ = ["CONTESTS", "WaitBurst", "main"]
+__all__ = ["CONTESTS", "WaitBurst"]
 
 #: The contests of a wait round, each on its own step of the round's flow.
 CONTESTS = ("open", "signals", "deadline", "resume")
-
-Call = tuple[str, Callable[[], dict[str, Any]]]
 
 
 class WaitBurst:
     """The calls one process makes in a wait round."""
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, ctx: Context, config: dict[str, Any]) -> None:
         self.config = config
         self.rng = random.Random(f"waits/{config['seed']}/{config['round']}/{config['index']}")
         self.name = f"r{config['round']}p{config['index']}"
         self.flow = str(config["flow"])
-        self.clock = ManualClock(config["base"])
-        self.store = Store.open(config["store"], clock=self.clock, settings=ROUND_SETTINGS,
-                                seed=self.rng.randrange(2**32))
+        self.clock = ctx.manual_clock
+        self.clock.set(config["base"])
+        ctx.open(config["store"], settings=ROUND_SETTINGS, seed=self.rng.randrange(2**32))
+        self.store = ctx.store
         self.auth = AuthContext(principal=f"agent-{config['index'] % 3}")
 
     def calls(self) -> list[Call]:
@@ -157,11 +153,4 @@ class WaitBurst:
                 "effect": None if effect is None else effect.message_id}
 
 
-def main(argv: list[str]) -> int:
-    """Open the store, plan the calls, then serve them from GO."""
-    burst = WaitBurst(json.loads(argv[0]))
-    return serve(burst.calls())
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+burst_steps("wait_burst", WaitBurst)

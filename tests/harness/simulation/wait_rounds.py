@@ -8,13 +8,14 @@ Each round prepares four contested things on a flow of its own, in this process:
   is it timed out by a late answer, by ``expire``, or by a sweep?
 - ``resume``:   a continuation (of a wait with a parent task) to consume; whose effect?
 
-Then P processes (``tests.harness.simulation.wait_burst``) open their own connections, say READY,
-and are released together with GO; some are SIGKILLed wherever they are. After the burst the
-audit and the cross-step checks must hold, and each contest must have exactly one winner in
-the durable records, agreeing with everything a process reported (a process killed after
-its commit may have won without saying so; one that said it won must be the winner). Then
-this process settles the round -- answers what still waits, resumes what is unconsumed,
-drains the tasks and replies -- and checks again, so every round starts from a quiet store.
+Then P processes (children with the steps of ``tests.harness.simulation.wait_burst``) open
+their own connections and are released together with GO; some are SIGKILLed wherever they
+are. After the burst the audit and the cross-step checks must hold, and each contest must
+have exactly one winner in the durable records, agreeing with everything a process
+reported (a process killed after its commit may have won without saying so; one that said
+it won must be the winner). Then this process settles the round -- answers what still
+waits, resumes what is unconsumed, drains the tasks and replies -- and checks again, so
+every round starts from a quiet store.
 """
 
 from __future__ import annotations
@@ -95,8 +96,8 @@ def run_wait_rounds(rounds: int, processes: int, urls: UrlFactory, *, seed: int 
                   "flow": contest.flow, "far": base + FAR, "deadline": contest.deadline,
                   "order": order, "ops": WAIT_BURST_OPS}
         started, burst_problems = release_processes(
-            "tests.harness.simulation.wait_burst", config, count=processes, rng=rng,
-            kill_rate=kill_rate)
+            "tests.harness.simulation.wait_burst", "wait_burst", config, count=processes,
+            rng=rng, kill_rate=kill_rate)
         result.processes += processes
         result.killed += sum(process.killed for process in started)
         result.operations += sum("op" in r for p in started for r in p.records)

@@ -1,0 +1,157 @@
+"""The store operations as steps a child runs (see ``tests.harness.children``).
+
+Every child imports this module; each step answers what the store returned, as JSON data.
+Steps act for ``planner`` (the child's ``auth``) unless they name a principal, and a claim a
+step takes is the child's until the next one (``finish``, ``renew`` and ``fail`` use it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import postroom
+from tests.harness.children import Context, step
+from tests.support import envelope
+
+# -- tasks and replies -------------------------------------------------------------------------
+
+
+@step("receive")
+def _receive(ctx: Context, message_id: str, **fields: Any) -> postroom.Ack:
+    return ctx.store.receive(ctx.auth, envelope(message_id, **fields))
+
+
+@step("receive_each")
+def _receive_each(ctx: Context, message_ids: list[str], **fields: Any) -> list[dict[str, Any]]:
+    """Receive each message in a transaction of its own; each one's ACK or error."""
+    answers: list[dict[str, Any]] = []
+    for message_id in message_ids:
+        try:
+            ack = ctx.store.receive(ctx.auth, envelope(message_id, **fields))
+            answers.append({"message_id": message_id, "duplicate": ack.duplicate})
+        except postroom.PostroomError as exc:
+            answers.append({"message_id": message_id, "error": f"{type(exc).__name__}: {exc}"})
+    return answers
+
+
+@step("receive_at")
+def _receive_at(ctx: Context, message_id: str, stream: str, seq: int) -> postroom.Ack:
+    return ctx.store.receive(ctx.auth, envelope(message_id),
+                             position=postroom.Position(stream=stream, seq=seq))
+
+
+@step("receive_atomic")
+def _receive_atomic(ctx: Context, message_ids: list[str]) -> list[postroom.Ack]:
+    return ctx.store.receive_atomic(ctx.auth, [envelope(m) for m in message_ids])
+
+
+@step("claim")
+def _claim(ctx: Context, owner: str | None = None) -> postroom.Claim | None:
+    ctx.claim = ctx.store.claim(owner or ctx.name)
+    return ctx.claim
+
+
+@step("renew")
+def _renew(ctx: Context) -> postroom.Claim:
+    ctx.claim = ctx.store.renew(ctx.held)
+    return ctx.claim
+
+
+@step("finish")
+def _finish(ctx: Context, result: Any = None) -> None:
+    ctx.store.finish(ctx.held, result)
+
+
+@step("fail")
+def _fail(ctx: Context, reason: str, retryable: bool = True) -> postroom.TaskState:
+    return ctx.store.fail(ctx.held, reason, retryable=retryable)
+
+
+@step("release")
+def _release(ctx: Context, delay: float = 0.0) -> None:
+    ctx.store.release(ctx.held, delay=delay)
+
+
+@step("cancel")
+def _cancel(ctx: Context, task_id: str) -> bool:
+    return ctx.store.cancel(task_id)
+
+
+@step("sweep")
+def _sweep(ctx: Context) -> postroom.Swept:
+    return ctx.store.sweep()
+
+
+@step("dispatch")
+def _dispatch(ctx: Context, owner: str | None = None, limit: int = 1) -> postroom.DispatchReport:
+    """Deliver due replies to this child's own connection to the receiver."""
+    transport = postroom.InProcessTransport(ctx.receiver)
+    return ctx.store.dispatch(transport, owner=owner or ctx.name, limit=limit)
+
+
+@step("dispatch_all")
+def _dispatch_all(ctx: Context, limit: int = 1) -> int:
+    """Dispatch until nothing is due; how many replies this process sent."""
+    sent = 0
+    while (report := _dispatch(ctx, limit=limit)).claimed:
+        sent += report.sent
+    return sent
+
+
+@step("requeue")
+def _requeue(ctx: Context, reply_id: str, operator: str, reason: str) -> None:
+    ctx.store.requeue_reply(reply_id, operator=operator, reason=reason)
+
+
+@step("prune")
+def _prune(ctx: Context) -> int:
+    return ctx.store.prune()
+
+
+@step("publish_retention")
+def _publish_retention(ctx: Context, seconds: float) -> float | None:
+    return ctx.store.publish_retention(seconds)
+
+
+# -- waits ---------------------------------------------------------------------------------------
+
+
+@step("open_wait")
+def _open_wait(ctx: Context, **args: Any) -> postroom.WaitOpening:
+    return ctx.store.open_wait(**args)
+
+
+@step("signal")
+def _signal(ctx: Context, principal: str, **args: Any) -> postroom.SignalReceipt:
+    return ctx.store.signal(postroom.AuthContext(principal=principal), **args)
+
+
+@step("expire")
+def _expire(ctx: Context, **args: Any) -> postroom.ExpireResult:
+    return ctx.store.expire(**args)
+
+
+@step("expire_due")
+def _expire_due(ctx: Context) -> int:
+    return ctx.store.expire_due()
+
+
+@step("resume")
+def _resume(ctx: Context, effect: dict[str, Any] | None, **args: Any) -> postroom.Resumption:
+    follow_up = None if effect is None else postroom.FollowUp(**effect)
+    return ctx.store.resume(**args, effect=follow_up)
+
+
+@step("open_waits_on")
+def _open_waits_on(ctx: Context, task_ids: list[str], flow: str,
+                   deadline: float) -> list[dict[str, Any]]:
+    """Open one wait per task (step ``answer`` of ``<flow>/<n>``), each in its own transaction,
+    each with that task as its parent; each one's result, or ``NotFound``."""
+    answers: list[dict[str, Any]] = []
+    for n, task_id in enumerate(task_ids):
+        try:
+            opening = ctx.store.open_wait(f"{flow}/{n}", "answer", 0, deadline, task_id=task_id)
+            answers.append({"task_id": task_id, "result": opening.result.value})
+        except postroom.NotFound:
+            answers.append({"task_id": task_id, "result": "not_found"})
+    return answers
