@@ -1,4 +1,4 @@
-"""The state machines of tasks, replies and waits, as data.
+"""The state machines of tasks, replies and waits, as data, and their drawings.
 
 Each table lists every transition the code applies, once, as ``(source, event, target)``
 rows; a ``source`` of ``None`` is a record created in ``target``. The decisions in
@@ -6,18 +6,28 @@ rows; a ``source`` of ``None`` is a record created in ``target``. The decisions 
 ``tests/unit/test_machines.py`` holds them to these tables both ways: every move the code
 makes is a row here, and every row is a move the code makes. Terminal states are the ones
 with no way out.
+
+The README draws each table with ``mermaid``; redraw them after changing a table with::
+
+    python -m postroom.machines README.md
+
+(without a file it prints the drawings).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Generic, TypeVar
+from pathlib import Path
+from typing import Generic, TypeAlias, TypeVar
 
 from postroom.models import ReplyState, TaskState, WaitState
 
 __all__ = [
+    "DRAWING",
     "MACHINES",
     "REPLY_MACHINE",
     "REPLY_TRANSITIONS",
@@ -25,8 +35,12 @@ __all__ = [
     "TASK_TRANSITIONS",
     "WAIT_MACHINE",
     "WAIT_TRANSITIONS",
+    "AnyMachine",
     "Machine",
     "Transition",
+    "drawing",
+    "main",
+    "redraw",
 ]
 
 S = TypeVar("S", bound=StrEnum)
@@ -86,7 +100,7 @@ WAIT_TRANSITIONS: tuple[Transition[WaitState], ...] = (
 
 @dataclass(frozen=True, slots=True)
 class Machine(Generic[S]):
-    """A state enum and its table of transitions, under a name."""
+    """A state enum and its table of transitions, under the name the README draws it by."""
 
     name: str
     states: type[S]
@@ -103,11 +117,73 @@ class Machine(Generic[S]):
         reached = {row.target for row in self.transitions}
         return tuple(state for state in self.states if state in reached - left)
 
+    def mermaid(self) -> str:
+        """The table as a Mermaid ``stateDiagram-v2``: the rows in table order, labelled by
+        their events, then each terminal state's way to the end."""
+        lines = ["stateDiagram-v2"]
+        for row in self.transitions:
+            source = "[*]" if row.source is None else row.source.value
+            lines.append(f"    {source} --> {row.target.value} : {row.event}")
+        lines.extend(f"    {state.value} --> [*]" for state in self.terminal())
+        return "\n".join(lines) + "\n"
+
 
 TASK_MACHINE = Machine("task", TaskState, TASK_TRANSITIONS)
 REPLY_MACHINE = Machine("reply", ReplyState, REPLY_TRANSITIONS)
 WAIT_MACHINE = Machine("wait", WaitState, WAIT_TRANSITIONS)
 
-#: The machines by name.
-MACHINES: Mapping[str, Machine[TaskState] | Machine[ReplyState] | Machine[WaitState]] = {
+AnyMachine: TypeAlias = Machine[TaskState] | Machine[ReplyState] | Machine[WaitState]
+
+#: The machines by the name a drawing's marker gives (``<!-- state machine: task -->``).
+MACHINES: Mapping[str, AnyMachine] = {
     machine.name: machine for machine in (TASK_MACHINE, REPLY_MACHINE, WAIT_MACHINE)}
+
+#: A drawing in Markdown: its marker line, then a ``mermaid`` fence right below it.
+DRAWING = re.compile(r"^<!-- state machine: (?P<name>[a-z]+) -->\n```mermaid\n"
+                     r"(?P<body>.*?)^```$", re.MULTILINE | re.DOTALL)
+
+
+def drawing(machine: AnyMachine) -> str:
+    """``machine``'s drawing in Markdown, as ``DRAWING`` finds it."""
+    return f"<!-- state machine: {machine.name} -->\n```mermaid\n{machine.mermaid()}```"
+
+
+def redraw(markdown: str) -> str:
+    """``markdown`` with every drawing replaced by its machine's current one.
+
+    Raises ``KeyError`` for a marker that names no machine.
+    """
+    return DRAWING.sub(lambda match: drawing(MACHINES[match.group("name")]), markdown)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m postroom.machines [FILE...]``: redraw the drawings in each Markdown FILE,
+    or with no FILE print them all."""
+    files = sys.argv[1:] if argv is None else list(argv)
+    if not files:
+        sys.stdout.write("\n\n".join(map(drawing, MACHINES.values())) + "\n")
+        return 0
+    for name in files:
+        path = Path(name)
+        try:
+            text = path.read_text("utf-8")
+        except OSError as exc:
+            sys.stderr.write(f"{name}: {exc.strerror or exc}\n")
+            return 2
+        found = [match.group("name") for match in DRAWING.finditer(text)]
+        unknown = sorted(set(found) - MACHINES.keys())
+        if not found or unknown:
+            sys.stderr.write(f"{name}: no machine named {', '.join(unknown)}\n" if unknown
+                             else f"{name}: no <!-- state machine: NAME --> drawing\n")
+            return 2
+        stale = [match.group("name") for match in DRAWING.finditer(text)
+                 if match.group("body") != MACHINES[match.group("name")].mermaid()]
+        if stale:
+            path.write_text(redraw(text), "utf-8")
+        sys.stdout.write(f"{name}: redrew {', '.join(stale)}\n" if stale
+                         else f"{name}: {', '.join(found)} already current\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

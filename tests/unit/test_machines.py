@@ -9,9 +9,12 @@ or selects its rows demands (``state = 'running'`` in its SQL); a target is what
 or the statement sets. Nothing touches a database.
 """
 
+import io
 import re
+from contextlib import redirect_stdout
 from dataclasses import dataclass
 from itertools import product
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +24,9 @@ from postroom.db.queries import load_queries
 from postroom.db.sqlite import SQLiteDialect
 from postroom.machines import MACHINES, Transition
 from postroom.models import OutcomeKind, ReplyState, TaskState, WaitState
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+REDRAW = "python -m postroom.machines README.md"
 
 #: The SQL as the store runs it on SQLite (fragments resolved, ``:name`` parameters kept).
 QUERIES = load_queries(SQLiteDialect.fragments, lambda sql: sql)
@@ -265,3 +271,55 @@ def test_release_is_listed_before_its_decision_lands():
     # (events ("release",)) and drop ("task", "release") from AWAITED.
     assert not hasattr(t, "release") and "task_release" not in QUERIES, (
         "release is applied now: tie it to its row in test_machines.task_moves")
+
+
+def test_a_drawing_lists_the_rows_in_order_between_the_start_and_the_ends():
+    machine = machines.Machine("wait", WaitState, machines.WAIT_TRANSITIONS[:2])
+    assert machine.mermaid() == ("stateDiagram-v2\n"
+                                 "    [*] --> waiting : open\n"
+                                 "    waiting --> signaled : signal accepted\n"
+                                 "    signaled --> [*]\n")
+
+
+def _drawings(text: str) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for match in machines.DRAWING.finditer(text):
+        found.setdefault(match.group("name"), []).append(match.group("body"))
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(MACHINES))
+def test_the_readme_draws_each_table_as_it_is(name):
+    drawn = _drawings(README.read_text("utf-8")).get(name, [])
+    assert len(drawn) == 1, (
+        f"README.md should draw the {name} machine once (a mermaid fence right below "
+        f"<!-- state machine: {name} -->); it does {len(drawn)} times")
+    assert drawn[0] == MACHINES[name].mermaid(), (
+        f"README.md's drawing of the {name} machine differs from its table in "
+        f"postroom/machines.py: redraw it with `{REDRAW}`")
+
+
+def test_the_readme_draws_no_machine_that_does_not_exist():
+    assert sorted(set(_drawings(README.read_text("utf-8"))) - set(MACHINES)) == []
+
+
+def test_redrawing_replaces_only_the_drawings(tmp_path):
+    stale = ("# Title\n\n<!-- state machine: wait -->\n```mermaid\nstateDiagram-v2\n"
+             "    old --> [*]\n```\n\nprose\n\n```mermaid\nflowchart LR\n```\n")
+    page = tmp_path / "page.md"
+    page.write_text(stale, "utf-8")
+    with redirect_stdout(io.StringIO()) as out:
+        assert machines.main([str(page)]) == 0
+    assert page.read_text("utf-8") == stale.replace(
+        "stateDiagram-v2\n    old --> [*]\n", machines.WAIT_MACHINE.mermaid())
+    assert out.getvalue() == f"{page}: redrew wait\n"
+    with redirect_stdout(io.StringIO()) as out:
+        assert machines.main([str(page)]) == 0
+    assert out.getvalue() == f"{page}: wait already current\n"
+
+
+def test_printing_the_drawings_gives_markdown_the_readme_can_take(tmp_path):
+    with redirect_stdout(io.StringIO()) as out:
+        assert machines.main([]) == 0
+    assert _drawings(out.getvalue()) == {name: [machine.mermaid()]
+                                         for name, machine in MACHINES.items()}
