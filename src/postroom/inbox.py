@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from postroom import transitions
+from postroom import log, transitions
 from postroom.db.database import Tx, Write
 from postroom.db.wakeups import REPLIES_CHANNEL
 from postroom.errors import (
@@ -34,6 +35,8 @@ RECEIVE = Write("receive")
 RECEIVE_ATOMIC = Write("receive_atomic")
 
 _MAX_SEQ = 2**63 - 1
+
+_log = log.get("inbox")
 
 
 def principal_of(settings: Settings, auth: AuthContext) -> str:
@@ -193,6 +196,10 @@ def _insert_tasks(tx: Tx, settings: Settings, items: Sequence[CheckedEnvelope]) 
     for queue in dict.fromkeys(checked.queue for checked, decision in decided
                                if decision.to_state is TaskState.PENDING):
         tx.notify(queue)
+    if _log.isEnabledFor(logging.DEBUG):
+        for checked, decision in decided:
+            tx.log(_log, logging.DEBUG, "task received", task_id=checked.task_id,
+                   state=decision.to_state.value, last_error=decision.last_error)
 
 
 def insert_reply(tx: Tx, settings: Settings, task_id: str, reply: ReplyContent) -> None:

@@ -7,11 +7,12 @@ Each function runs inside a transaction the caller opened; rules come from
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from postroom import transitions
+from postroom import log, transitions
 from postroom.db.database import Tx, Write
 from postroom.errors import Fenced, NotFound
 from postroom.inbox import insert_reply, store_message
@@ -25,8 +26,8 @@ __all__ = [
     "CLAIM",
     "FAIL",
     "FINISH",
-    "SWEEP",
     "RENEW",
+    "SWEEP",
     "SweepCounts",
     "apply",
     "cancel",
@@ -44,6 +45,8 @@ FINISH = Write("finish")
 FAIL = Write("fail")
 CANCEL = Write("cancel")
 SWEEP = Write("sweep")
+
+_log = log.get("tasks")
 
 
 class SweepCounts:
@@ -139,16 +142,25 @@ def sweep(tx: Tx, settings: Settings, counts: SweepCounts) -> None:
                                              max_attempts=int(row["max_attempts"]), now=now)
         if apply(tx, settings, row["task_id"], decision, from_state=TaskState.RUNNING,
                  fence=int(row["fence"])):
-            if decision.to_state is TaskState.PENDING:
+            recovered = decision.to_state is TaskState.PENDING
+            if recovered:
                 counts.recovered += 1
             else:
                 counts.exhausted += 1
+            tx.log(_log, logging.INFO if recovered else logging.WARNING,
+                   "lease recovered" if recovered else "attempts exhausted",
+                   task_id=row["task_id"], owner=row["owner"], fence=int(row["fence"]),
+                   attempt=int(row["attempts"]), state=decision.to_state.value,
+                   last_error=decision.last_error)
     for row in tx.all("tasks_deadline_passed", now=now, limit=settings.sweep_limit):
         decision = transitions.deadline_passed(row["task_id"], deadline=float(row["deadline"]),
                                                now=now)
         if apply(tx, settings, row["task_id"], decision, from_state=TaskState(row["state"]),
                  fence=int(row["fence"])):
             counts.deadlines_expired += 1
+            tx.log(_log, logging.INFO, "deadline passed", task_id=row["task_id"],
+                   fence=int(row["fence"]), state=decision.to_state.value,
+                   last_error=decision.last_error)
 
 
 def claim(tx: Tx, settings: Settings, *, owner: str, queues: Sequence[str], limit: int,
@@ -179,6 +191,10 @@ def claim(tx: Tx, settings: Settings, *, owner: str, queues: Sequence[str], limi
             for row in rows)
         if len(claims) >= limit:
             break
+    if _log.isEnabledFor(logging.DEBUG):
+        for taken in claims:
+            tx.log(_log, logging.DEBUG, "task claimed", task_id=taken.task_id, owner=owner,
+                   fence=taken.fence, attempt=taken.attempt, state=TaskState.RUNNING.value)
     return claims
 
 
@@ -196,6 +212,7 @@ def finish(tx: Tx, settings: Settings, claim: Claim, *, result_json: str,
     """Mark the task done, write its reply and create its follow-ups, atomically."""
     decision = transitions.finish(claim.task_id, result_json=result_json, now=tx.now)
     _apply_owned(tx, settings, claim, decision)
+    _log_owned(tx, "task finished", claim, decision)
     for follow_up in follow_ups:
         store_message(tx, settings, follow_up)
 
@@ -213,6 +230,9 @@ def finish_all(tx: Tx, settings: Settings, items: Sequence[tuple[Claim, str]]) -
                                     for claim, decision in decisions])
     for claim, decision in decisions:
         _after(tx, settings, claim.task_id, decision)
+    if _log.isEnabledFor(logging.DEBUG):
+        for claim, decision in decisions:
+            _log_owned(tx, "task finished", claim, decision)
 
 
 def fail(tx: Tx, settings: Settings, claim: Claim, *, reason: str, retryable: bool,
@@ -222,7 +242,19 @@ def fail(tx: Tx, settings: Settings, claim: Claim, *, reason: str, retryable: bo
                                 max_attempts=claim.max_attempts, retryable=retryable,
                                 reason=reason, now=tx.now, delay=delay)
     _apply_owned(tx, settings, claim, decision)
+    if decision.to_state is TaskState.PENDING:
+        _log_owned(tx, "task failed, to be retried", claim, decision)
+    elif retryable:
+        _log_owned(tx, "attempts exhausted", claim, decision, level=logging.WARNING)
+    else:
+        _log_owned(tx, "task failed, not retryable", claim, decision, level=logging.INFO)
     return decision.to_state
+
+
+def _log_owned(tx: Tx, message: str, claim: Claim, decision: TaskDecision, *,
+               level: int = logging.DEBUG) -> None:
+    tx.log(_log, level, message, task_id=claim.task_id, owner=claim.owner, fence=claim.fence,
+           attempt=claim.attempt, state=decision.to_state.value, last_error=decision.last_error)
 
 
 def cancel(tx: Tx, settings: Settings, task_id: str, *, reason: str) -> bool:
@@ -236,6 +268,9 @@ def cancel(tx: Tx, settings: Settings, task_id: str, *, reason: str) -> bool:
         if decision is None:
             return False
         if apply(tx, settings, task_id, decision, from_state=state, fence=int(row["fence"])):
+            tx.log(_log, logging.DEBUG, "task cancelled", task_id=task_id, owner=row["owner"],
+                   fence=int(row["fence"]), state=decision.to_state.value,
+                   last_error=decision.last_error)
             return True
         # Lost a race with a claim or a sweep (possible where the database does not
         # serialize writers, e.g. PostgreSQL): decide again on what is there now.

@@ -16,12 +16,13 @@ Every write postroom makes goes through ``Database.transaction(operation)``, whi
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, TypeVar
 
-from postroom import faults
+from postroom import faults, log
 from postroom.clock import Clock, finite_time
 from postroom.db.dialect import Dialect, Row
 from postroom.db.queries import QuerySet
@@ -67,8 +68,8 @@ _MIGRATE = Write("migrate")
 class Tx:
     """One open transaction. Statements are run by query name with keyword parameters."""
 
-    __slots__ = ("_conn", "_dialect", "_queries", "channels", "high_water", "now", "op",
-                 "wrote")
+    __slots__ = ("_conn", "_dialect", "_queries", "channels", "events", "high_water", "now",
+                 "op", "wrote")
 
     def __init__(self, conn: Any, dialect: Dialect, op: Write | None) -> None:
         self._conn = conn
@@ -79,6 +80,7 @@ class Tx:
         self.high_water = 0.0
         self.wrote = False
         self.channels: set[str] = set()
+        self.events: list[tuple[logging.Logger, int, str, dict[str, object]]] = []
 
     @property
     def conn(self) -> Any:
@@ -154,6 +156,15 @@ class Tx:
         """
         self.channels.add(channel)
 
+    def log(self, logger: logging.Logger, level: int, message: str, **fields: object) -> None:
+        """Log ``message`` with ``fields`` (see ``postroom.log``) once this transaction commits.
+
+        Nothing is kept when ``logger`` would drop the record; a transaction that rolls back
+        (or is run again) logs nothing of what it did.
+        """
+        if logger.isEnabledFor(level):
+            self.events.append((logger, level, message, fields))
+
 
 class Database:
     """A dialect plus the transaction discipline every postroom component shares."""
@@ -203,6 +214,8 @@ class Database:
             faults.hit(op.before)
             dialect.commit(conn)
             dialect.after_commit(tx)
+        for logger, level, message, fields in tx.events:
+            log.event(logger, level, message, **fields)
         faults.hit(op.after)
         if refused is not None:
             raise refused
