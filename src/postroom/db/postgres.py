@@ -58,6 +58,7 @@ that matters: PostgreSQL serializes the commits of notifying transactions on one
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 import re
 import threading
@@ -74,6 +75,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from postroom import log
 from postroom.clock import Clock
 from postroom.db import redacted_url
 from postroom.db.dialect import Dialect, Row
@@ -98,6 +100,8 @@ _CLOCK_SHARDS = 64
 _MIGRATION_LOCK = 70_520_137
 #: Server states that mean "this session is gone" rather than "this statement failed".
 _SESSION_ENDED = {"57P01", "57P02", "57P03", "25P03"}
+
+_log = log.get("postgres")
 
 _PARAMETER = re.compile(r"'(?:[^']|'')*'|\"[^\"]*\"|--[^\n]*|::|:([A-Za-z_]\w*)|%")
 
@@ -251,6 +255,9 @@ class PostgresDialect(Dialect):
         self._resolve_timeout = resolve_timeout
         self._listener: _Listener | None = None
         self._listener_lock = threading.Lock()
+        # The pool logs each failed connection attempt: an operator's business, through
+        # postroom's loggers, not stray lines on stderr.
+        log.route("psycopg.pool", "pool")
         self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             url, min_size=min_size, max_size=max_size, open=False, timeout=connect_timeout,
             name="postroom", configure=self._configure,
@@ -372,6 +379,20 @@ class PostgresDialect(Dialect):
 
     def _resolve_lost_commit(self, conn: _Session, exc: psycopg.Error) -> None:
         self._discard_broken()
+        try:
+            self._resolve(conn, exc)
+        except OutcomeUnknown as unknown:
+            log.event(_log, logging.WARNING, "lost COMMIT: outcome unknown", xid=conn.xid,
+                      last_error=str(unknown))
+            raise
+        except StoreUnavailable as aborted:
+            log.event(_log, logging.INFO, "lost COMMIT resolved: not committed, to be retried",
+                      xid=conn.xid, last_error=str(aborted))
+            raise
+        log.event(_log, logging.INFO, "lost COMMIT resolved: committed", xid=conn.xid,
+                  last_error=_first_line(exc))
+
+    def _resolve(self, conn: _Session, exc: psycopg.Error) -> None:
         if not conn.resolvable:
             raise OutcomeUnknown(f"postgres: connection lost during COMMIT: {exc}") from exc
         if conn.xid is None:
@@ -575,17 +596,25 @@ class _Listener(threading.Thread):
     def run(self) -> None:
         hub = self._dialect.wakeups
         delay = 0.05
+        deaf_since: str | None = None  # why the listener last lost (or never got) its session
         while not self._stopping.is_set():
             try:
                 with psycopg.connect(self._dialect.url, **self._dialect.connect_options(
                         autocommit=True, application_name="postroom-listener")) as pg:
                     pg.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._dialect.channel)))
                     delay = 0.05
+                    if deaf_since is not None:
+                        log.event(_log, logging.INFO, "listener reconnected",
+                                  last_error=deaf_since)
+                        deaf_since = None
                     self.listening.set()
                     hub.announce_all()  # whatever was announced while we were deaf
                     self._hear(pg)
-            except psycopg.Error:
-                pass
+            except psycopg.Error as exc:
+                if deaf_since is None and not self._stopping.is_set():
+                    log.event(_log, logging.WARNING, "listener disconnected; waiters poll "
+                              "until it reconnects", last_error=_first_line(exc))
+                deaf_since = _first_line(exc)
             # Not listening: waiters fall back to polling until we are back.
             self._stopping.wait(delay * (0.5 + random.random() / 2))
             delay = min(delay * 2, 2.0)
