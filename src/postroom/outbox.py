@@ -31,6 +31,7 @@ __all__ = [
     "claim_replies",
     "record",
     "record_all",
+    "replies_due",
     "requeue",
     "sweep_replies",
 ]
@@ -87,6 +88,13 @@ def sweep_replies(tx: Tx, settings: Settings) -> tuple[int, int]:
                    attempt=int(row["attempts"]), state=decision.to_state.value,
                    last_error=decision.last_error)
     return recovered, dead
+
+
+def replies_due(tx: Tx) -> bool:
+    """Whether ``claim_replies`` would find anything to do at ``tx.now``: a reply due for
+    delivery, or a delivery lease to recover."""
+    row = tx.one("replies_due", now=tx.now)
+    return row is not None and bool(row["due"])
 
 
 def claim_replies(tx: Tx, settings: Settings, *, owner: str, limit: int,

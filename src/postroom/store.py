@@ -201,8 +201,10 @@ class Store:
         for name in names:
             check_text(name, "queues", max_bytes=limits.text_bytes)
         seconds = self._lease(lease, self._settings.lease)
-        return self._db.write(tasks.CLAIM, lambda tx: tasks.claim(
-            tx, self._settings, owner=owner, queues=names, limit=limit, lease=seconds))
+        return self._db.write_if(
+            tasks.CLAIM, lambda tx: tasks.due(tx, names), lambda tx: tasks.claim(
+                tx, self._settings, owner=owner, queues=names, limit=limit, lease=seconds),
+            otherwise=[])
 
     def renew(self, claim: Claim, *, lease: float | None = None) -> Claim:
         """Extend ``claim``'s lease; returns the claim with its new ``lease_until``."""
@@ -297,8 +299,10 @@ class Store:
         check_text(owner, "owner", max_bytes=self._settings.limits.text_bytes)
         _check_limit(limit)
         seconds = self._lease(lease, self._settings.dispatch_lease)
-        return self._db.write(outbox.DISPATCH_CLAIM, lambda tx: outbox.claim_replies(
-            tx, self._settings, owner=owner, limit=limit, lease=seconds))
+        return self._db.write_if(outbox.DISPATCH_CLAIM, outbox.replies_due,
+                                 lambda tx: outbox.claim_replies(
+                                     tx, self._settings, owner=owner, limit=limit,
+                                     lease=seconds), otherwise=[])
 
     def record_delivery(self, claim: ReplyClaim, outcome: Outcome) -> ReplyState:
         """Record one delivery outcome; ``Fenced`` if another publisher holds the reply."""

@@ -32,6 +32,7 @@ __all__ = [
     "apply",
     "cancel",
     "claim",
+    "due",
     "fail",
     "finish",
     "finish_all",
@@ -161,6 +162,16 @@ def sweep(tx: Tx, settings: Settings, counts: SweepCounts) -> None:
             tx.log(_log, logging.INFO, "deadline passed", task_id=row["task_id"],
                    fence=int(row["fence"]), state=decision.to_state.value,
                    last_error=decision.last_error)
+
+
+def due(tx: Tx, queues: Sequence[str]) -> bool:
+    """Whether ``claim`` on ``queues`` would find anything to do at ``tx.now``: a claimable
+    task, or a lease or deadline for its sweep. One index probe per queue (and two more)."""
+    first, *others = dict.fromkeys(queues)
+    row = tx.one("tasks_due", queue=first, now=tx.now)
+    if row is not None and row["due"]:
+        return True
+    return any(tx.one("claim_head", queue=queue, now=tx.now) is not None for queue in others)
 
 
 def claim(tx: Tx, settings: Settings, *, owner: str, queues: Sequence[str], limit: int,

@@ -229,6 +229,23 @@ class Database:
         """
         return self._retrying(lambda: self.transaction(op), work)
 
+    def write_if(self, op: Write, due: Callable[[Tx], bool], work: Callable[[Tx], T], *,
+                 otherwise: T) -> T:
+        """``write(op, work)``, unless ``due`` finds nothing to do: then ``otherwise``.
+
+        Where a write transaction locks the whole database (``Dialect.one_writer``: SQLite),
+        ``due`` runs first in a read transaction, at the time the write would decide with
+        (never below the high-water), and takes no lock a writer waits for: an idle worker's
+        claim neither waits behind a writer nor holds other writers up. ``due`` is only a
+        hint, so it must never say "nothing" when ``work`` would do something; ``work``
+        decides everything again under the lock. Where writers do not exclude each other
+        (PostgreSQL), the look would only cost a round trip, and ``write`` runs at once.
+        """
+        if self.dialect.one_writer and not self._retrying(
+                lambda: self.reading(deciding=True), due):
+            return otherwise
+        return self.write(op, work)
+
     def write_batch(self, op: Write, bulk: Callable[[Tx], T], each: Callable[[Tx], T]) -> T:
         """Do a batch with ``bulk`` (a few statements for all items) or, failing that, ``each``.
 
@@ -266,11 +283,16 @@ class Database:
                 time.sleep(delay)
 
     @contextmanager
-    def reading(self) -> Iterator[Tx]:
-        """A read-only transaction: one consistent snapshot, no fault points."""
+    def reading(self, *, deciding: bool = False) -> Iterator[Tx]:
+        """A read-only transaction: one consistent snapshot, no fault points.
+
+        ``deciding`` gives it the time a write transaction would decide with (the clock, but
+        never below the high-water), for a read that tells whether a write has work.
+        """
         with self._open(write=False) as conn:
             tx = Tx(conn, self.dialect, None)
-            tx.now = finite_time(self.dialect.current_time(tx, self.clock))
+            tx.now = (self.dialect.decision_time(tx, self.clock) if deciding and self._track_time
+                      else finite_time(self.dialect.current_time(tx, self.clock)))
             yield tx
             self.dialect.rollback(conn)
 

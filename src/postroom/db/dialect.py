@@ -48,6 +48,9 @@ class Dialect(ABC):
     #: its locks (PostgreSQL's READ COMMITTED), so that what it chose must be asked again; not
     #: where one writer runs at a time (SQLite).
     chooses_before_locking: ClassVar[bool] = False
+    #: Whether a write transaction takes a lock on the whole database (SQLite), so that a
+    #: write that may find nothing to do looks first in a read transaction, which does not.
+    one_writer: ClassVar[bool] = False
 
     @cached_property
     def queries(self) -> QuerySet:

@@ -4,6 +4,10 @@ SQLite allows one writer at a time. Every write transaction starts with ``BEGIN 
 so it takes the write lock before reading what it will decide on; that serializes decisions
 (and makes the high-water mark a plain row) and never upgrades a read snapshot into a write,
 which SQLite would refuse with ``SQLITE_BUSY`` without waiting.
+
+Because that lock is the whole database's, a write that may well find nothing to do (an idle
+worker's claim) looks first in a read transaction, which takes no lock a writer waits for
+(``one_writer``).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ class SQLiteDialect(Dialect):
         "server_time": "NULL",
     }
     driver_error: ClassVar[type[BaseException]] = sqlite3.Error
+    one_writer: ClassVar[bool] = True
 
     def __init__(self, path: str | Path, *, read_only: bool = False,
                  busy_timeout: float = 30.0, cache_mib: int = 64) -> None:
