@@ -367,10 +367,12 @@ class Store:
         committed) and, with ``replies=True``, when a reply becomes due for delivery. On
         PostgreSQL it hears commits made by any process on any host (LISTEN/NOTIFY on a
         connection of the store's own, reconnected if lost, with a wake-up after every
-        reconnect); on SQLite it hears commits made through this store object, and the
-        ``timeout`` of ``wait`` is the polling interval for everything else. Work that becomes
-        claimable by the passage of time (a retry's backoff, a recovered lease) is found by
-        that poll.
+        reconnect); on SQLite it hears this store's commits at once, and other processes'
+        within a millisecond or two (a watcher thread of the store's, see
+        ``postroom.db.sqlite_watcher``), which wake every waiter: SQLite does not say what
+        another connection's commit was for. The ``timeout`` of ``wait`` is the polling
+        interval for everything else: work that becomes claimable by the passage of time (a
+        retry's backoff, a recovered lease) is found by that poll.
         """
         limits = self._settings.limits
         names = (queues,) if isinstance(queues, str) else tuple(queues)
