@@ -91,7 +91,7 @@ if TYPE_CHECKING:
     from postroom.db.database import Tx
 
 __all__ = ["NETWORK", "PostgresDialect", "ServerClock", "durability_warnings",
-           "lost_commit_fate"]
+           "lost_commit_fate", "missing_schema"]
 
 #: Rows of the time high-water (the migration creates exactly these ids: 0 .. N-1).
 _CLOCK_SHARDS = 64
@@ -277,10 +277,17 @@ class PostgresDialect(Dialect):
             raise StoreUnavailable(f"postgres: no connection to {redacted_url(url)} within "
                                    f"{connect_timeout:g}s{reason or _refusal(url, 1)}"
                                    ) from exc
-        with self.connection() as session:
-            schema = str(_one(self.execute(session, "SELECT current_schema() AS name",
-                                           None))["name"])
-            self.rollback(session)
+        try:
+            with self.connection() as session:
+                found = _one(self.execute(session, _SCHEMA, None))
+                self.rollback(session)
+            schema = found["name"]
+            if schema is None:
+                raise StoreError(missing_schema(str(found["search_path"]),
+                                                str(found["role"])))
+        except BaseException:
+            self._pool.close()
+            raise
         #: The NOTIFY channel of this store (PostgreSQL caps names at 63 bytes).
         self.channel = ("postroom." + schema).encode()[:63].decode(errors="ignore")
 
@@ -630,6 +637,44 @@ class _Listener(threading.Thread):
             if not heard and time.monotonic() - probed > self._PROBE:
                 pg.execute("SELECT 1")  # a dead server shows up here, not as silence
                 probed = time.monotonic()
+
+
+#: The schema a store's tables live in: the first schema of ``search_path`` that exists, or
+#: NULL when none does (what the schema is then missing from is in the other two columns).
+_SCHEMA = ("SELECT current_schema() AS name, current_setting('search_path') AS search_path, "
+           "CAST(current_user AS TEXT) AS role")
+_SEARCH_PATH_ENTRY = re.compile(r'\s*("(?:[^"]|"")*"|[^,]*?)\s*(?:,|$)')
+
+
+def missing_schema(search_path: str, role: str) -> str:
+    """Why a store cannot open when no schema of ``search_path`` exists, and the remedy.
+
+    ``$user`` stands for ``role``; unquoted names are folded to lower case, as PostgreSQL
+    reads them.
+    """
+    names = []
+    for match in _SEARCH_PATH_ENTRY.finditer(search_path):
+        entry = match.group(1)
+        if not entry:
+            continue
+        if entry.startswith('"'):
+            entry = entry[1:-1].replace('""', '"')
+            names.append(role if entry == "$user" else entry)
+        else:
+            names.append(role if entry == "$user" else entry.lower())
+    if not names:
+        return ("search_path is empty, so there is no schema for the store's tables: name "
+                "one with ?options=-csearch_path%3Dname")
+    quoted = [_quoted(name) for name in dict.fromkeys(names)]
+    if len(quoted) == 1:
+        return (f"schema {quoted[0]} in search_path does not exist: create it with "
+                f"CREATE SCHEMA {quoted[0]}")
+    return (f"no schema in search_path exists ({', '.join(quoted)}): create the first with "
+            f"CREATE SCHEMA {quoted[0]}")
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _one(cursor: psycopg.Cursor[Any]) -> Row:
