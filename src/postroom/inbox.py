@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from postroom import outbox, transitions
+from postroom import log, outbox, transitions
 from postroom.db.database import Tx, Write
 from postroom.errors import (
     InvalidEnvelope,
@@ -32,6 +33,8 @@ RECEIVE = Write("receive")
 RECEIVE_ATOMIC = Write("receive_atomic")
 
 _MAX_SEQ = 2**63 - 1
+
+_log = log.get("inbox")
 
 
 def principal_of(settings: Settings, auth: AuthContext) -> str:
@@ -197,6 +200,10 @@ def _insert_tasks(tx: Tx, settings: Settings, items: Sequence[CheckedEnvelope]) 
     for queue in dict.fromkeys(checked.queue for checked, decision in decided
                                if decision.to_state is TaskState.PENDING):
         tx.notify(queue)
+    if _log.isEnabledFor(logging.DEBUG):
+        for checked, decision in decided:
+            tx.log(_log, logging.DEBUG, "task received", task_id=checked.task_id,
+                   state=decision.to_state.value, last_error=decision.last_error)
 
 
 def _record_position(tx: Tx, checked: CheckedEnvelope, position: Position) -> None:

@@ -14,10 +14,11 @@ Delivery has two commits of its own around the receiver's, each with fault point
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from postroom import faults, transitions
+from postroom import faults, log, transitions
 from postroom.db.database import NotAllApplied, Tx, Write
 from postroom.db.wakeups import REPLIES_CHANNEL
 from postroom.errors import Fenced, NotFound
@@ -35,6 +36,7 @@ __all__ = [
     "insert_replies",
     "record",
     "record_all",
+    "replies_due",
     "requeue",
     "sweep_replies",
 ]
@@ -42,6 +44,8 @@ __all__ = [
 DISPATCH_CLAIM = Write("dispatch.claim")
 DISPATCH_RECORD = Write("dispatch.record")
 REQUEUE = Write("requeue")
+
+_log = log.get("outbox")
 
 BEFORE_REMOTE_COMMIT = faults.point(
     "delivery.before_remote_commit", "a reply is about to be handed to the receiver").name
@@ -110,11 +114,24 @@ def sweep_replies(tx: Tx, settings: Settings) -> tuple[int, int]:
                                                    budget=int(row["budget"]), now=tx.now)
         if _apply(tx, row["reply_id"], decision, fence=int(row["fence"]),
                   from_state=ReplyState.SENDING):
-            if decision.to_state is ReplyState.DEAD:
+            is_dead = decision.to_state is ReplyState.DEAD
+            if is_dead:
                 dead += 1
             else:
                 recovered += 1
+            tx.log(_log, logging.WARNING if is_dead else logging.INFO,
+                   "reply dead" if is_dead else "delivery lease recovered",
+                   reply_id=row["reply_id"], owner=row["owner"], fence=int(row["fence"]),
+                   attempt=int(row["attempts"]), state=decision.to_state.value,
+                   last_error=decision.last_error)
     return recovered, dead
+
+
+def replies_due(tx: Tx) -> bool:
+    """Whether ``claim_replies`` would find anything to do at ``tx.now``: a reply due for
+    delivery, or a delivery lease to recover."""
+    row = tx.one("replies_due", now=tx.now)
+    return row is not None and bool(row["due"])
 
 
 def claim_replies(tx: Tx, settings: Settings, *, owner: str, limit: int,
@@ -123,6 +140,11 @@ def claim_replies(tx: Tx, settings: Settings, *, owner: str, limit: int,
     sweep_replies(tx, settings)
     rows = tx.all("claim_replies", now=tx.now, limit=limit, owner=owner,
                   lease_until=tx.now + lease)
+    if _log.isEnabledFor(logging.DEBUG):
+        for row in rows:
+            tx.log(_log, logging.DEBUG, "reply claimed", reply_id=row["reply_id"],
+                   task_id=row["task_id"], owner=owner, fence=int(row["fence"]),
+                   attempt=int(row["attempts"]), state=ReplyState.SENDING.value)
     return [ReplyClaim(reply_id=row["reply_id"], task_id=row["task_id"], owner=owner,
                        fence=int(row["fence"]), attempt=int(row["attempts"]),
                        budget=int(row["budget"]), lease_until=float(row["lease_until"]),
@@ -138,7 +160,16 @@ def record(tx: Tx, claim: ReplyClaim, outcome: Outcome, *, delay: float) -> Repl
     if row is None:
         raise _fenced(tx, claim)
     _counted(tx, row, decision)
+    _log_recorded(tx, claim, decision)
     return decision.to_state
+
+
+def _log_recorded(tx: Tx, claim: ReplyClaim, decision: ReplyDecision) -> None:
+    is_dead = decision.to_state is ReplyState.DEAD
+    tx.log(_log, logging.WARNING if is_dead else logging.DEBUG,
+           "reply dead" if is_dead else "delivery recorded", reply_id=claim.reply_id,
+           task_id=claim.task_id, owner=claim.owner, fence=claim.fence, attempt=claim.attempt,
+           state=decision.to_state.value, last_error=decision.last_error)
 
 
 def _fenced(tx: Tx, claim: ReplyClaim) -> Fenced:
@@ -173,9 +204,12 @@ def record_all(tx: Tx, items: Sequence[tuple[ReplyClaim, Outcome, float]]) -> li
         for (claim, _, _), decision in zip(items, decisions, strict=True)])
     if any(row is None for row in rows):
         raise NotAllApplied("reply_apply_owned")
-    for row, decision in zip(rows, decisions, strict=True):
+    debug = _log.isEnabledFor(logging.DEBUG)
+    for row, (claim, _, _), decision in zip(rows, items, decisions, strict=True):
         assert row is not None
         _counted(tx, row, decision)
+        if debug or decision.to_state is ReplyState.DEAD:
+            _log_recorded(tx, claim, decision)
     return [decision.to_state for decision in decisions]
 
 
@@ -192,3 +226,6 @@ def requeue(tx: Tx, reply_id: str, *, operator: str, reason: str) -> None:
     if not tx.change("reply_requeue", reply_id=reply_id, now=tx.now):
         raise Fenced(f"reply {reply_id}", "changed while being requeued")
     tx.notify(REPLIES_CHANNEL)
+    tx.log(_log, logging.INFO, "dead reply requeued", reply_id=reply_id,
+           task_id=row["task_id"], operator=operator, state=ReplyState.PENDING.value,
+           last_error=row["last_error"])

@@ -174,8 +174,10 @@ class Store:
         check_limit(limit)
         names = check_queues(queues, self._settings.limits)
         seconds = self._lease(lease, self._settings.lease)
-        return self._db.write(tasks.CLAIM, lambda tx: tasks.claim(
-            tx, self._settings, owner=owner, queues=names, limit=limit, lease=seconds))
+        return self._db.write_if(
+            tasks.CLAIM, lambda tx: tasks.due(tx, names), lambda tx: tasks.claim(
+                tx, self._settings, owner=owner, queues=names, limit=limit, lease=seconds),
+            otherwise=[])
 
     def renew(self, claim: Claim, *, lease: float | None = None) -> Claim:
         """Extend ``claim``'s lease; returns the claim with its new ``lease_until``."""
@@ -290,8 +292,10 @@ class Store:
         check_text(owner, "owner", max_bytes=self._settings.limits.text_bytes)
         check_limit(limit)
         seconds = self._lease(lease, self._settings.dispatch_lease)
-        return self._db.write(outbox.DISPATCH_CLAIM, lambda tx: outbox.claim_replies(
-            tx, self._settings, owner=owner, limit=limit, lease=seconds))
+        return self._db.write_if(outbox.DISPATCH_CLAIM, outbox.replies_due,
+                                 lambda tx: outbox.claim_replies(
+                                     tx, self._settings, owner=owner, limit=limit,
+                                     lease=seconds), otherwise=[])
 
     def record_delivery(self, claim: ReplyClaim, outcome: Outcome) -> ReplyState:
         """Record one delivery outcome; ``Fenced`` if another publisher holds the reply."""
@@ -356,10 +360,12 @@ class Store:
         committed) and, with ``replies=True``, when a reply becomes due for delivery. On
         PostgreSQL it hears commits made by any process on any host (LISTEN/NOTIFY on a
         connection of the store's own, reconnected if lost, with a wake-up after every
-        reconnect); on SQLite it hears commits made through this store object, and the
-        ``timeout`` of ``wait`` is the polling interval for everything else. Work that becomes
-        claimable by the passage of time (a retry's backoff, a recovered lease) is found by
-        that poll.
+        reconnect); on SQLite it hears this store's commits at once, and other processes'
+        within a millisecond or two (a watcher thread of the store's, see
+        ``postroom.db.sqlite_watcher``), which wake every waiter: SQLite does not say what
+        another connection's commit was for. The ``timeout`` of ``wait`` is the polling
+        interval for everything else: work that becomes claimable by the passage of time (a
+        retry's backoff, a recovered lease) is found by that poll.
         """
         names = check_queues(queues, self._settings.limits, required=False)
         if not names and not replies:

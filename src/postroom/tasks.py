@@ -7,11 +7,12 @@ Each function runs inside a transaction the caller opened; rules come from
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from postroom import outbox, transitions, waits
+from postroom import log, outbox, transitions, waits
 from postroom.db.database import NotAllApplied, Tx, Write
 from postroom.db.dialect import Row
 from postroom.errors import Fenced, NotFound, WaitNotOpened
@@ -35,6 +36,7 @@ __all__ = [
     "cancel",
     "claim",
     "claim_from_row",
+    "due",
     "fail",
     "finish",
     "finish_all",
@@ -50,6 +52,8 @@ FAIL = Write("fail")
 RELEASE = Write("release")
 CANCEL = Write("cancel")
 SWEEP = Write("sweep")
+
+_log = log.get("tasks")
 
 
 class SweepCounts:
@@ -176,10 +180,16 @@ def sweep(tx: Tx, settings: Settings, counts: SweepCounts) -> None:
                                              max_attempts=int(row["max_attempts"]), now=now)
         if apply(tx, settings, row["task_id"], decision, from_state=TaskState.RUNNING,
                  fence=int(row["fence"])):
-            if decision.to_state is TaskState.PENDING:
+            recovered = decision.to_state is TaskState.PENDING
+            if recovered:
                 counts.recovered += 1
             else:
                 counts.exhausted += 1
+            tx.log(_log, logging.INFO if recovered else logging.WARNING,
+                   "lease recovered" if recovered else "attempts exhausted",
+                   task_id=row["task_id"], owner=row["owner"], fence=int(row["fence"]),
+                   attempt=int(row["attempts"]), state=decision.to_state.value,
+                   last_error=decision.last_error)
     for row in tx.all("tasks_deadline_passed", now=now, limit=settings.sweep_limit):
         state = TaskState(row["state"])
         decision = transitions.deadline_passed(state=state, deadline=float(row["deadline"]),
@@ -187,6 +197,19 @@ def sweep(tx: Tx, settings: Settings, counts: SweepCounts) -> None:
         if apply(tx, settings, row["task_id"], decision, from_state=state,
                  fence=int(row["fence"])):
             counts.deadlines_expired += 1
+            tx.log(_log, logging.INFO, "deadline passed", task_id=row["task_id"],
+                   fence=int(row["fence"]), state=decision.to_state.value,
+                   last_error=decision.last_error)
+
+
+def due(tx: Tx, queues: Sequence[str]) -> bool:
+    """Whether ``claim`` on ``queues`` would find anything to do at ``tx.now``: a claimable
+    task, or a lease or deadline for its sweep. One index probe per queue (and two more)."""
+    first, *others = dict.fromkeys(queues)
+    row = tx.one("tasks_due", queue=first, now=tx.now)
+    if row is not None and row["due"]:
+        return True
+    return any(tx.one("claim_head", queue=queue, now=tx.now) is not None for queue in others)
 
 
 def claim(tx: Tx, settings: Settings, *, owner: str, queues: Sequence[str], limit: int,
@@ -211,6 +234,10 @@ def claim(tx: Tx, settings: Settings, *, owner: str, queues: Sequence[str], limi
         claims.extend(claim_from_row(row, owner) for row in rows)
         if len(claims) >= limit:
             break
+    if _log.isEnabledFor(logging.DEBUG):
+        for taken in claims:
+            tx.log(_log, logging.DEBUG, "task claimed", task_id=taken.task_id, owner=owner,
+                   fence=taken.fence, attempt=taken.attempt, state=TaskState.RUNNING.value)
     return claims
 
 
@@ -227,7 +254,9 @@ def finish(tx: Tx, settings: Settings, claim: Claim, *, result_json: str,
            opens: Sequence[waits.OpenRequest] = ()) -> list[WaitOpening]:
     """Mark the task done, write its reply, create its follow-ups and open its waits,
     atomically; ``WaitNotOpened`` (and nothing written) if one of the waits cannot open."""
-    _apply_owned(tx, settings, claim, transitions.finish(result_json=result_json, now=tx.now))
+    decision = transitions.finish(result_json=result_json, now=tx.now)
+    _apply_owned(tx, settings, claim, decision)
+    _log_owned(tx, "task finished", claim, decision)
     for follow_up in follow_ups:
         store_message(tx, settings, follow_up)
     openings = []
@@ -256,6 +285,9 @@ def finish_all(tx: Tx, settings: Settings, items: Sequence[tuple[Claim, str]]) -
     for row, (_, decision) in zip(rows, decisions, strict=True):
         assert row is not None
         after(tx, settings, row, decision)
+    if _log.isEnabledFor(logging.DEBUG):
+        for claim, decision in decisions:
+            _log_owned(tx, "task finished", claim, decision)
 
 
 def fail(tx: Tx, settings: Settings, claim: Claim, *, reason: str, retryable: bool,
@@ -264,13 +296,27 @@ def fail(tx: Tx, settings: Settings, claim: Claim, *, reason: str, retryable: bo
     decision = transitions.fail(attempt=claim.attempt, max_attempts=claim.max_attempts,
                                 retryable=retryable, reason=reason, now=tx.now, delay=delay)
     _apply_owned(tx, settings, claim, decision)
+    if decision.to_state is TaskState.PENDING:
+        _log_owned(tx, "task failed, to be retried", claim, decision)
+    elif retryable:
+        _log_owned(tx, "attempts exhausted", claim, decision, level=logging.WARNING)
+    else:
+        _log_owned(tx, "task failed, not retryable", claim, decision, level=logging.INFO)
     return decision.to_state
 
 
 def release(tx: Tx, settings: Settings, claim: Claim, *, delay: float) -> None:
     """Hand a claimed task back unfinished, its attempt given back (see
     ``transitions.release``); a stale claim is fenced like ``finish``'s."""
-    _apply_owned(tx, settings, claim, transitions.release(now=tx.now, delay=delay))
+    decision = transitions.release(now=tx.now, delay=delay)
+    _apply_owned(tx, settings, claim, decision)
+    _log_owned(tx, "task released", claim, decision)
+
+
+def _log_owned(tx: Tx, message: str, claim: Claim, decision: TaskDecision, *,
+               level: int = logging.DEBUG) -> None:
+    tx.log(_log, level, message, task_id=claim.task_id, owner=claim.owner, fence=claim.fence,
+           attempt=claim.attempt, state=decision.to_state.value, last_error=decision.last_error)
 
 
 def cancel(tx: Tx, settings: Settings, task_id: str, *, reason: str) -> bool:
@@ -284,6 +330,9 @@ def cancel(tx: Tx, settings: Settings, task_id: str, *, reason: str) -> bool:
         if decision is None:
             return False
         if apply(tx, settings, task_id, decision, from_state=state, fence=int(row["fence"])):
+            tx.log(_log, logging.DEBUG, "task cancelled", task_id=task_id, owner=row["owner"],
+                   fence=int(row["fence"]), state=decision.to_state.value,
+                   last_error=decision.last_error)
             return True
         # Lost a race with a claim or a sweep (possible where the database does not
         # serialize writers, e.g. PostgreSQL): decide again on what is there now.

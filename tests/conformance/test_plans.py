@@ -112,3 +112,21 @@ def test_an_owners_decision_never_walks_the_tasks_that_share_its_deadline(store,
     lines = explain(store, "task_apply_owned", params)
     assert not any("tasks_live_deadlines" in line for line in lines), "\n".join(lines)
     assert plan_problems(database_of(store).dialect.name, lines) == [], "\n".join(lines)
+
+
+#: The look a claim takes before SQLite's write lock (``Database.write_if``), and the partial
+#: indexes whose heads it probes: the claim's and its sweep's.
+DUE_QUERIES = {
+    "tasks_due": ({"queue": "default", "now": START},
+                  {"tasks_claimable", "tasks_running_leases", "tasks_live_deadlines"}),
+    "replies_due": ({"now": START}, {"replies_ready", "replies_sending_leases"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DUE_QUERIES))
+def test_a_claims_look_for_work_probes_index_heads_not_a_scan_or_sort(populated, name):
+    params, indexes = DUE_QUERIES[name]
+    lines = explain(populated, name, params)
+    assert plan_problems(database_of(populated).dialect.name, lines) == [], "\n".join(lines)
+    assert {index for index in indexes if any(index in line for line in lines)} == indexes, \
+        "\n".join(lines)

@@ -389,3 +389,22 @@ def test_a_finish_batch_with_an_altered_claim_finishes_none(store, auth):
         store.finish_batch([(first, None),
                             (dataclasses.replace(second, principal="someone-else"), None)])
     assert store.info()["tasks"] == {"running": 2}
+
+
+def test_a_claim_takes_a_task_another_connection_committed_just_before_it(
+        store, db_url, clock, settings, auth):
+    assert store.claim("w") is None  # an empty claim (a look, on SQLite) keeps no snapshot
+    with postroom.open_store(db_url, clock=clock, settings=settings) as other:
+        ack = other.receive(auth, envelope())
+    claim = store.claim("w")
+    assert claim is not None and claim.task_id == ack.task_id
+
+
+def test_a_claim_decides_at_the_high_water_even_when_the_clock_has_stepped_back(
+        store, task_id, auth, clock):
+    store.claim("w1")
+    clock.advance(store.settings.lease)
+    store.receive(auth, envelope("later", queue="elsewhere"))  # a decision when the lease ran out
+    clock.set(START)  # the host clock steps back to inside the old lease
+    again = store.claim("w2")
+    assert again is not None and (again.task_id, again.attempt) == (task_id, 2)

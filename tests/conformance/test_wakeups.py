@@ -1,14 +1,19 @@
-"""``Store.waiter``: a committed transaction wakes the waiters of the channels it announced."""
+"""``Store.waiter``: a committed transaction wakes the waiters of the channels it announced,
+whichever process committed it."""
 
 from __future__ import annotations
 
 import pytest
 
 import postroom
+from tests.harness.children import spawn
 from tests.support import envelope
 
 #: Long enough for a NOTIFY to travel; a passing test never waits this long.
 WAKE = 30.0
+#: The polling interval of a waiter that must be woken by another process: a ``wait`` that
+#: times out returns False, so True means it heard the commit.
+POLL = 10.0
 #: How long "no wake-up" is watched for.
 QUIET = 0.2
 
@@ -17,6 +22,16 @@ def test_a_waiter_wakes_when_a_task_of_its_queue_is_received(store, auth):
     waiter = store.waiter(queues="default")
     store.receive(auth, envelope())
     assert waiter.wait(timeout=WAKE)
+
+
+def test_a_waiter_wakes_when_another_process_receives_a_task_while_it_waits(store, db_url):
+    with spawn(1, store=db_url) as (child,):
+        waiter = store.waiter(queues="default")
+        child.go("receive", message_id="from-afar")
+        woke = waiter.wait(timeout=POLL)
+        child.answer().unwrap()
+        assert woke  # heard the commit: a timeout would have returned False
+        assert store.claim("w") is not None
 
 
 def test_a_waiter_does_not_wake_for_another_queue(store, auth):

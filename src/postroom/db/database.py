@@ -16,12 +16,13 @@ Every write postroom makes goes through ``Database.transaction(operation)``, whi
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, TypeVar
 
-from postroom import faults
+from postroom import faults, log
 from postroom.clock import Clock, finite_time
 from postroom.db.dialect import Dialect, Row
 from postroom.db.queries import QuerySet
@@ -67,8 +68,8 @@ _MIGRATE = Write("migrate")
 class Tx:
     """One open transaction. Statements are run by query name with keyword parameters."""
 
-    __slots__ = ("_conn", "_dialect", "_queries", "channels", "high_water", "now", "op",
-                 "tallies", "wrote")
+    __slots__ = ("_conn", "_dialect", "_queries", "channels", "events", "high_water", "now",
+                 "op", "tallies", "wrote")
 
     def __init__(self, conn: Any, dialect: Dialect, op: Write | None) -> None:
         self._conn = conn
@@ -80,6 +81,7 @@ class Tx:
         self.wrote = False
         self.channels: set[str] = set()
         self.tallies: dict[tuple[str, str, str], int] = {}
+        self.events: list[tuple[logging.Logger, int, str, dict[str, object]]] = []
 
     @property
     def backend(self) -> str:
@@ -197,6 +199,15 @@ class Tx:
         """
         self.channels.add(channel)
 
+    def log(self, logger: logging.Logger, level: int, message: str, **fields: object) -> None:
+        """Log ``message`` with ``fields`` (see ``postroom.log``) once this transaction commits.
+
+        Nothing is kept when ``logger`` would drop the record; a transaction that rolls back
+        (or is run again) logs nothing of what it did.
+        """
+        if logger.isEnabledFor(level):
+            self.events.append((logger, level, message, fields))
+
 
 class Database:
     """A dialect plus the transaction discipline every postroom component shares."""
@@ -251,6 +262,8 @@ class Database:
             faults.hit(op.before)
             dialect.commit(conn)
             dialect.after_commit(tx)
+        for logger, level, message, fields in tx.events:
+            log.event(logger, level, message, **fields)
         faults.hit(op.after)
         if refused is not None:
             raise refused
@@ -263,6 +276,23 @@ class Database:
         transaction; ``work`` must therefore do nothing outside the transaction.
         """
         return self._retrying(lambda: self.transaction(op), work)
+
+    def write_if(self, op: Write, due: Callable[[Tx], bool], work: Callable[[Tx], T], *,
+                 otherwise: T) -> T:
+        """``write(op, work)``, unless ``due`` finds nothing to do: then ``otherwise``.
+
+        Where a write transaction locks the whole database (``Dialect.one_writer``: SQLite),
+        ``due`` runs first in a read transaction, at the time the write would decide with
+        (never below the high-water), and takes no lock a writer waits for: an idle worker's
+        claim neither waits behind a writer nor holds other writers up. ``due`` is only a
+        hint, so it must never say "nothing" when ``work`` would do something; ``work``
+        decides everything again under the lock. Where writers do not exclude each other
+        (PostgreSQL), the look would only cost a round trip, and ``write`` runs at once.
+        """
+        if self.dialect.one_writer and not self._retrying(
+                lambda: self.reading(deciding=True), due):
+            return otherwise
+        return self.write(op, work)
 
     def write_batch(self, op: Write, bulk: Callable[[Tx], T], each: Callable[[Tx], T]) -> T:
         """Do a batch with ``bulk`` (a few statements for all items) or, failing that, ``each``.
@@ -301,11 +331,16 @@ class Database:
                 time.sleep(delay)
 
     @contextmanager
-    def reading(self) -> Iterator[Tx]:
-        """A read-only transaction: one consistent snapshot, no fault points."""
+    def reading(self, *, deciding: bool = False) -> Iterator[Tx]:
+        """A read-only transaction: one consistent snapshot, no fault points.
+
+        ``deciding`` gives it the time a write transaction would decide with (the clock, but
+        never below the high-water), for a read that tells whether a write has work.
+        """
         with self._open(write=False) as conn:
             tx = Tx(conn, self.dialect, None)
-            tx.now = finite_time(self.dialect.current_time(tx, self.clock))
+            tx.now = (self.dialect.decision_time(tx, self.clock) if deciding and self._track_time
+                      else finite_time(self.dialect.current_time(tx, self.clock)))
             yield tx
             self.dialect.rollback(conn)
 

@@ -33,10 +33,16 @@ if TYPE_CHECKING:
     from postroom.db.database import Tx
     from postroom.errors import PostroomError
 
-__all__ = ["Dialect", "Row"]
+__all__ = ["Dialect", "Row", "first_line"]
 
 Row = Mapping[str, Any]
 T = TypeVar("T")
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (its class name if it has none)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class Dialect(ABC):
@@ -48,6 +54,9 @@ class Dialect(ABC):
     fragments: ClassVar[Mapping[str, str]]
     #: The driver's base exception class, translated at the boundary.
     driver_error: ClassVar[type[BaseException]]
+    #: Whether a write transaction takes a lock on the whole database (SQLite), so that a
+    #: write that may find nothing to do looks first in a read transaction, which does not.
+    one_writer: ClassVar[bool] = False
 
     @cached_property
     def queries(self) -> QuerySet:
@@ -113,8 +122,7 @@ class Dialect(ABC):
 
     def describe(self, exc: BaseException) -> str:
         """``exc`` in one line, prefixed with the backend (``sqlite /path: ...``)."""
-        text = str(exc).strip()
-        return f"{self.name}: {text.splitlines()[0] if text else type(exc).__name__}"
+        return f"{self.name}: {first_line(exc)}"
 
     def translate(self, exc: BaseException) -> PostroomError:
         """Map a driver error to postroom's exception tree: ``StoreUnavailable`` when it is

@@ -58,6 +58,7 @@ that matters: PostgreSQL serializes the commits of notifying transactions on one
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 import re
 import threading
@@ -74,9 +75,10 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from postroom import log
 from postroom.clock import Clock
 from postroom.db import redacted_url
-from postroom.db.dialect import Dialect, Row, T
+from postroom.db.dialect import Dialect, Row, T, first_line
 from postroom.errors import (
     OutcomeUnknown,
     PostroomError,
@@ -88,7 +90,7 @@ if TYPE_CHECKING:
     from postroom.db.database import Tx
 
 __all__ = ["NETWORK", "PostgresDialect", "ServerClock", "durability_warnings",
-           "lost_commit_fate"]
+           "lost_commit_fate", "missing_schema"]
 
 #: Rows of the time high-water (the migration creates exactly these ids: 0 .. N-1).
 _CLOCK_SHARDS = 64
@@ -97,6 +99,8 @@ _CLOCK_SHARDS = 64
 _MIGRATION_LOCK = 70_520_137
 #: Server states that mean "this session is gone" rather than "this statement failed".
 _SESSION_ENDED = {"57P01", "57P02", "57P03", "25P03"}
+
+_log = log.get("postgres")
 
 _PARAMETER = re.compile(r"'(?:[^']|'')*'|\"[^\"]*\"|--[^\n]*|::|:([A-Za-z_]\w*)|%")
 
@@ -260,6 +264,9 @@ class PostgresDialect(Dialect):
         self._resolve_timeout = resolve_timeout
         self._listener: _Listener | None = None
         self._listener_lock = threading.Lock()
+        # The pool logs each failed connection attempt: an operator's business, through
+        # postroom's loggers, not stray lines on stderr.
+        log.route("psycopg.pool", "pool")
         self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             url, min_size=min_size, max_size=max_size, open=False, timeout=connect_timeout,
             name="postroom", configure=self._configure,
@@ -279,10 +286,17 @@ class PostgresDialect(Dialect):
             raise StoreUnavailable(f"postgres: no connection to {redacted_url(url)} within "
                                    f"{connect_timeout:g}s{reason or _refusal(url, 1)}"
                                    ) from exc
-        with self.connection() as session:
-            schema = str(_one(self.execute(session, "SELECT current_schema() AS name",
-                                           None))["name"])
-            self.rollback(session)
+        try:
+            with self.connection() as session:
+                found = _one(self.execute(session, _SCHEMA, None))
+                self.rollback(session)
+            schema = found["name"]
+            if schema is None:
+                raise StoreError(missing_schema(str(found["search_path"]),
+                                                str(found["role"])))
+        except BaseException:
+            self._pool.close()
+            raise
         #: The NOTIFY channel of this store (PostgreSQL caps names at 63 bytes).
         self.channel = ("postroom." + schema).encode()[:63].decode(errors="ignore")
 
@@ -381,6 +395,20 @@ class PostgresDialect(Dialect):
 
     def _resolve_lost_commit(self, conn: _Session, exc: psycopg.Error) -> None:
         self._discard_broken()
+        try:
+            self._resolve(conn, exc)
+        except OutcomeUnknown as unknown:
+            log.event(_log, logging.WARNING, "lost COMMIT: outcome unknown", xid=conn.xid,
+                      last_error=str(unknown))
+            raise
+        except StoreUnavailable as aborted:
+            log.event(_log, logging.INFO, "lost COMMIT resolved: not committed, to be retried",
+                      xid=conn.xid, last_error=str(aborted))
+            raise
+        log.event(_log, logging.INFO, "lost COMMIT resolved: committed", xid=conn.xid,
+                  last_error=first_line(exc))
+
+    def _resolve(self, conn: _Session, exc: psycopg.Error) -> None:
         if not conn.resolvable:
             raise OutcomeUnknown(f"postgres: connection lost during COMMIT: {exc}") from exc
         if conn.xid is None:
@@ -602,17 +630,25 @@ class _Listener(threading.Thread):
     def run(self) -> None:
         hub = self._dialect.wakeups
         delay = 0.05
+        deaf_since: str | None = None  # why the listener last lost (or never got) its session
         while not self._stopping.is_set():
             try:
                 with psycopg.connect(self._dialect.url, **self._dialect.connect_options(
                         autocommit=True, application_name="postroom-listener")) as pg:
                     pg.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._dialect.channel)))
                     delay = 0.05
+                    if deaf_since is not None:
+                        log.event(_log, logging.INFO, "listener reconnected",
+                                  last_error=deaf_since)
+                        deaf_since = None
                     self.listening.set()
                     hub.announce_all()  # whatever was announced while we were deaf
                     self._hear(pg)
-            except psycopg.Error:
-                pass
+            except psycopg.Error as exc:
+                if deaf_since is None and not self._stopping.is_set():
+                    log.event(_log, logging.WARNING, "listener disconnected; waiters poll "
+                              "until it reconnects", last_error=first_line(exc))
+                deaf_since = first_line(exc)
             # Not listening: waiters fall back to polling until we are back.
             self._stopping.wait(delay * (0.5 + random.random() / 2))
             delay = min(delay * 2, 2.0)
@@ -628,6 +664,44 @@ class _Listener(threading.Thread):
             if not heard and time.monotonic() - probed > self._PROBE:
                 pg.execute("SELECT 1")  # a dead server shows up here, not as silence
                 probed = time.monotonic()
+
+
+#: The schema a store's tables live in: the first schema of ``search_path`` that exists, or
+#: NULL when none does (what the schema is then missing from is in the other two columns).
+_SCHEMA = ("SELECT current_schema() AS name, current_setting('search_path') AS search_path, "
+           "CAST(current_user AS TEXT) AS role")
+_SEARCH_PATH_ENTRY = re.compile(r'\s*("(?:[^"]|"")*"|[^,]*?)\s*(?:,|$)')
+
+
+def missing_schema(search_path: str, role: str) -> str:
+    """Why a store cannot open when no schema of ``search_path`` exists, and the remedy.
+
+    ``$user`` stands for ``role``; unquoted names are folded to lower case, as PostgreSQL
+    reads them.
+    """
+    names = []
+    for match in _SEARCH_PATH_ENTRY.finditer(search_path):
+        entry = match.group(1)
+        if not entry:
+            continue
+        if entry.startswith('"'):
+            entry = entry[1:-1].replace('""', '"')
+            names.append(role if entry == "$user" else entry)
+        else:
+            names.append(role if entry == "$user" else entry.lower())
+    if not names:
+        return ("search_path is empty, so there is no schema for the store's tables: name "
+                "one with ?options=-csearch_path%3Dname")
+    quoted = [_quoted(name) for name in dict.fromkeys(names)]
+    if len(quoted) == 1:
+        return (f"schema {quoted[0]} in search_path does not exist: create it with "
+                f"CREATE SCHEMA {quoted[0]}")
+    return (f"no schema in search_path exists ({', '.join(quoted)}): create the first with "
+            f"CREATE SCHEMA {quoted[0]}")
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _one(cursor: psycopg.Cursor[Any]) -> Row:

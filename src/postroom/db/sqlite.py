@@ -4,6 +4,11 @@ SQLite allows one writer at a time. Every write transaction starts with ``BEGIN 
 so it takes the write lock before reading what it will decide on; that serializes decisions
 (and makes the high-water mark a plain row) and never upgrades a read snapshot into a write,
 which SQLite would refuse with ``SQLITE_BUSY`` without waiting.
+
+Because that lock is the whole database's, a write that may well find nothing to do (an idle
+worker's claim) looks first in a read transaction, which takes no lock a writer waits for
+(``one_writer``). Other processes' commits reach this store's waiters through a watcher
+thread (``listen``, see ``postroom.db.sqlite_watcher``).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from postroom.db.dialect import Dialect
+from postroom.db.sqlite_watcher import Watcher
 
 __all__ = ["SQLiteDialect"]
 
@@ -66,6 +72,7 @@ class SQLiteDialect(Dialect):
                           ":ended, '$[#-1].error', :last_error)"),
     }
     driver_error: ClassVar[type[BaseException]] = sqlite3.Error
+    one_writer: ClassVar[bool] = True
 
     def __init__(self, path: str | Path, *, read_only: bool = False,
                  busy_timeout: float = 30.0, cache_mib: int = 64) -> None:
@@ -73,6 +80,8 @@ class SQLiteDialect(Dialect):
         self._read_only = read_only
         self._busy_timeout = busy_timeout
         self._lock = threading.RLock()
+        self._watcher: Watcher | None = None
+        self._watcher_lock = threading.Lock()
         try:
             self._conn = self._connect(cache_mib)
         except sqlite3.Error as exc:
@@ -182,7 +191,31 @@ class SQLiteDialect(Dialect):
         """``EXPLAIN QUERY PLAN`` lines."""
         return [str(row[3]) for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
 
+    def listen(self) -> None:
+        """Start the store's watcher (once) and wait until it watches."""
+        with self._watcher_lock:
+            if self._watcher is None:
+                self._watcher = Watcher(self.path, self.wakeups, self._own_version)
+                self._watcher.start()
+            watcher = self._watcher
+        watcher.listening.wait(self._busy_timeout)
+
+    def _own_version(self) -> int | None:
+        """``data_version`` of the store's connection; ``None`` while another thread uses it."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return int(self._conn.execute("PRAGMA data_version").fetchone()[0])
+        except sqlite3.Error:
+            return None
+        finally:
+            self._lock.release()
+
     def close(self) -> None:
-        """Close the connection."""
+        """Stop the watcher, then close the connection."""
+        with self._watcher_lock:
+            watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.stop()
         with self._lock:
             self._conn.close()

@@ -21,7 +21,7 @@ SELECT * FROM replies WHERE reply_id = :reply_id
 -- name: replies_lease_expired
 -- Replies whose publisher's lease ran out while sending, oldest first (bounded sweep,
 -- locked rows skipped).
-SELECT reply_id, fence, attempts, budget FROM replies
+SELECT reply_id, owner, fence, attempts, budget FROM replies
 WHERE state = 'sending' AND lease_until <= :now
 ORDER BY lease_until
 LIMIT :limit

@@ -124,7 +124,7 @@ RETURNING tasks.task_id, tasks.principal, tasks.message_id, tasks.queue, tasks.p
 -- name: tasks_lease_expired
 -- Running tasks whose lease ran out, oldest first (bounded sweep). Where rows can be locked,
 -- they are, and rows another sweeper or owner holds are left to it.
-SELECT task_id, fence, attempts, max_attempts FROM tasks
+SELECT task_id, owner, fence, attempts, max_attempts FROM tasks
 WHERE state = 'running' AND lease_until <= :now
 ORDER BY lease_until
 LIMIT :limit

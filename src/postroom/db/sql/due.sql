@@ -1,0 +1,21 @@
+-- Whether a claim would find anything to do: read in a transaction of its own before the claim
+-- takes SQLite's write lock (see Database.write_if). Each subquery is the head of the partial
+-- index its claim or sweep walks (written as they are, oldest first, so a planner takes the
+-- same index), and the look costs the same whatever the backlog. A hint only: the claim
+-- decides everything again under the lock.
+
+-- name: tasks_due
+-- A claimable task in :queue, or a lease or a deadline for the claim's sweep.
+SELECT ((SELECT available_at FROM tasks WHERE {claimable}
+         ORDER BY available_at LIMIT 1) IS NOT NULL
+        OR (SELECT lease_until FROM tasks WHERE state = 'running' AND lease_until <= :now
+            ORDER BY lease_until LIMIT 1) IS NOT NULL
+        OR (SELECT deadline FROM tasks WHERE state IN ({live_task_states}) AND deadline <= :now
+            ORDER BY deadline LIMIT 1) IS NOT NULL) AS due
+
+-- name: replies_due
+-- A reply due for delivery, or a delivery whose publisher's lease expired.
+SELECT ((SELECT available_at FROM replies WHERE state = 'pending' AND available_at <= :now
+         ORDER BY available_at LIMIT 1) IS NOT NULL
+        OR (SELECT lease_until FROM replies WHERE state = 'sending' AND lease_until <= :now
+            ORDER BY lease_until LIMIT 1) IS NOT NULL) AS due
