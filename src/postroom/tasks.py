@@ -79,14 +79,15 @@ def apply(tx: Tx, settings: Settings, task_id: str, decision: TaskDecision, *,
 #: Python type. ``{claim_is_current}`` holds every one of them to the task's own.
 _COPIED = (("attempt", "attempts", int), ("max_attempts", "max_attempts", int),
            ("hops", "hops", int), ("deadline", "deadline", float),
-           ("principal", "principal", str), ("queue", "queue", str))
+           ("principal", "principal", str), ("queue", "queue", str),
+           ("message_id", "message_id", str))
 
 
 def claim_from_row(row: Mapping[str, Any], owner: str) -> Claim:
     """The claim a ``claim_tasks`` row hands ``owner``."""
     return Claim(task_id=row["task_id"], owner=owner, fence=int(row["fence"]),
                  payload=json.loads(row["payload"]), lease_until=float(row["lease_until"]),
-                 message_id=row["message_id"], **_issued(row))
+                 **_issued(row))
 
 
 def _issued(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -110,8 +110,9 @@ def test_an_owners_decision_never_walks_the_tasks_that_share_its_deadline(store,
     params = {"task_id": claim.task_id, "claim_owner": "w", "fence": claim.fence,
               "attempt": claim.attempt, "max_attempts": claim.max_attempts,
               "hops": claim.hops, "deadline": claim.deadline, "principal": claim.principal,
-              "queue": claim.queue, "to_state": "done", "owner": None, "lease_until": None,
-              "available_at": START, "result": "null", "last_error": None, "now": START}
+              "queue": claim.queue, "message_id": claim.message_id, "to_state": "done",
+              "owner": None, "lease_until": None, "available_at": START, "result": "null",
+              "last_error": None, "now": START}
     lines = explain(store, "task_apply_owned", params)
     assert not any("tasks_live_deadlines" in line for line in lines), "\n".join(lines)
     assert plan_problems(database_of(store).dialect.name, lines) == [], "\n".join(lines)
