@@ -53,9 +53,13 @@ from postroom.validation import (
     MAX_BATCH,
     TASK_ID_BYTES,
     CheckedEnvelope,
+    check_claim,
     check_json,
     check_limit,
+    check_outcome,
+    check_pair,
     check_queues,
+    check_reply_claim,
     check_text,
     follow_up_principal,
 )
@@ -176,6 +180,7 @@ class Store:
 
     def renew(self, claim: Claim, *, lease: float | None = None) -> Claim:
         """Extend ``claim``'s lease; returns the claim with its new ``lease_until``."""
+        check_claim(claim)
         seconds = self._lease(lease, self._settings.lease)
         return self._db.write(tasks.RENEW, lambda tx: tasks.renew(tx, claim, lease=seconds))
 
@@ -185,17 +190,21 @@ class Store:
 
         Raises ``Fenced`` (and writes nothing) if the claim is no longer current.
         """
+        check_claim(claim)
         result_json = check_json(result, "result", limits=self._settings.limits,
                                  require_object=False)
         children = self._follow_ups(claim, follow_ups)
         self._db.write(tasks.FINISH, lambda tx: tasks.finish(
             tx, self._settings, claim, result_json=result_json, follow_ups=children))
 
-    def finish_batch(self, items: Sequence[tuple[Claim, Any]]) -> None:
+    def finish_batch(self, items: Iterable[tuple[Claim, Any]]) -> None:
         """Finish several claims in one transaction; if any is fenced, none is finished."""
-        prepared = [(claim, _indexed(index, check_json, result, "result",
-                                     limits=self._settings.limits, require_object=False))
-                    for index, (claim, result) in enumerate(items)]
+        prepared = []
+        for index, item in enumerate(items):
+            claim, result = check_pair(item, f"items[{index}]")
+            prepared.append((_indexed(index, check_claim, claim, prefix="items"),
+                             _indexed(index, check_json, result, "result", prefix="items",
+                                      limits=self._settings.limits, require_object=False)))
 
         def each(tx: Tx) -> None:
             for claim, result_json in prepared:
@@ -206,6 +215,7 @@ class Store:
 
     def fail(self, claim: Claim, reason: str, *, retryable: bool = True) -> TaskState:
         """Report a failure; returns ``pending`` (retry after backoff) or ``failed``."""
+        check_claim(claim)
         check_text(reason, "reason", max_bytes=4096)
         delay = self._settings.backoff.delay(claim.attempt, self._rng)
         return self._db.write(tasks.FAIL, lambda tx: tasks.fail(
@@ -272,15 +282,22 @@ class Store:
 
     def record_delivery(self, claim: ReplyClaim, outcome: Outcome) -> ReplyState:
         """Record one delivery outcome; ``Fenced`` if another publisher holds the reply."""
+        check_reply_claim(claim)
+        check_outcome(outcome)
         delay = self._settings.delivery_backoff.delay(claim.attempt, self._rng)
         return self._db.write(outbox.DISPATCH_RECORD, lambda tx: outbox.record(
             tx, claim, outcome, delay=delay))
 
     def record_deliveries(self, pairs: Iterable[tuple[ReplyClaim, Outcome]]) -> DispatchReport:
         """Record several outcomes in one transaction; fenced ones are reported, not raised."""
+        checked = []
+        for index, item in enumerate(pairs):
+            claim, outcome = check_pair(item, f"pairs[{index}]")
+            checked.append((_indexed(index, check_reply_claim, claim, prefix="pairs"),
+                            _indexed(index, check_outcome, outcome, prefix="pairs")))
         items = [(claim, outcome, self._settings.delivery_backoff.delay(claim.attempt,
                                                                         self._rng))
-                 for claim, outcome in pairs]
+                 for claim, outcome in checked]
 
         def bulk(tx: Tx) -> tuple[dict[ReplyState, int], list[str]]:
             counts = dict.fromkeys(ReplyState, 0)

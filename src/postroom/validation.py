@@ -9,11 +9,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from postroom.errors import InvalidEnvelope, InvalidInput
+from postroom.models import Claim, Outcome, OutcomeKind, ReplyClaim
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -164,6 +165,119 @@ def check_number(value: object, field: str,
     if not math.isfinite(number):
         raise error(field, f"must be a finite number, got {value!r}")
     return number
+
+
+def check_bool(value: object, field: str) -> bool:
+    """A ``bool``: nothing else is taken for true or false."""
+    if type(value) is not bool:
+        raise InvalidInput(field, f"must be a bool, got {type(value).__name__}")
+    return value
+
+
+# -- claims -----------------------------------------------------------------------------------
+
+#: The most UTF-8 bytes a stored principal may have. A sender's is within the text limit; a
+#: follow-up's names its parent: "task:" and a task id, or "wait:" and the canonical JSON of
+#: the wait's address (two texts of up to 128 bytes, each byte escaped in at most 6, and a
+#: generation of up to 10 digits).
+PRINCIPAL_BYTES = len(WAIT_FOLLOW_UPS) + len('["","",]') + 2 * 6 * _CEILINGS["text_bytes"] + 10
+#: The most UTF-8 bytes of a ``reply_id``: ``"reply:"`` and a task id.
+REPLY_ID_BYTES = len("reply:") + TASK_ID_BYTES
+#: The most UTF-8 bytes of a reply's body: a result within the payload limit, or an error of
+#: a few KiB, and the reply's identity and routing. Twice the payload ceiling leaves room.
+REPLY_BODY_BYTES = 2 * _CEILINGS["payload_bytes"]
+
+FieldCheck = Callable[[object, str], object]
+
+
+def _text_within(max_bytes: int) -> FieldCheck:
+    return lambda value, field: check_text(value, field, max_bytes=max_bytes)
+
+
+def _int64(value: object, field: str) -> int:
+    # Any value a database column can hold: a well-typed value that is not the record's own
+    # is a stale or forged claim, and the guarded statement answers it with ``Fenced``.
+    return check_int(value, field, low=-_INT64, high=_INT64 - 1)
+
+
+def _time(value: object, field: str) -> float:
+    if type(value) is not float or not math.isfinite(value):
+        shown = repr(value) if type(value) is float else type(value).__name__
+        raise InvalidInput(field, f"must be a finite float, got {shown}")
+    return value
+
+
+def _document(value: object, field: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise InvalidInput(field, f"must be a dict, got {type(value).__name__}")
+    return value
+
+
+_TEXT = _text_within(_CEILINGS["text_bytes"])
+
+#: How each field of a ``Claim`` is checked. Values are those postroom issued, so texts are
+#: held to the ceilings of the limits, not to a store's lowered ones (a task may have been
+#: stored before they were lowered).
+CLAIM_FIELDS: Mapping[str, FieldCheck] = {
+    "task_id": _text_within(TASK_ID_BYTES), "owner": _TEXT, "fence": _int64,
+    "attempt": _int64, "max_attempts": _int64, "payload": _document, "queue": _TEXT,
+    "hops": _int64, "deadline": _time, "lease_until": _time,
+    "principal": _text_within(PRINCIPAL_BYTES), "message_id": _TEXT,
+}
+#: How each field of a ``ReplyClaim`` is checked.
+REPLY_CLAIM_FIELDS: Mapping[str, FieldCheck] = {
+    "reply_id": _text_within(REPLY_ID_BYTES), "task_id": _text_within(TASK_ID_BYTES),
+    "owner": _TEXT, "fence": _int64, "attempt": _int64, "budget": _int64,
+    "lease_until": _time, "body": _text_within(REPLY_BODY_BYTES),
+    "fingerprint": _text_within(TASK_ID_BYTES),
+}
+
+
+def check_claim(claim: object, field: str = "claim") -> Claim:
+    """A ``Claim`` whose every field has the type postroom issues it with.
+
+    A wrong type (``fence="1"``, ``fence=True``, a NaN deadline) is a programming error,
+    refused here before any SQL; whether a well-typed claim is still the task's current one
+    is the guarded statement's question (``Fenced``).
+    """
+    if not isinstance(claim, Claim):
+        raise InvalidInput(field, f"must be a Claim, got {type(claim).__name__}")
+    for name, check in CLAIM_FIELDS.items():
+        check(getattr(claim, name), f"{field}.{name}")
+    return claim
+
+
+def check_reply_claim(claim: object, field: str = "claim") -> ReplyClaim:
+    """A ``ReplyClaim`` whose every field has the type postroom issues it with."""
+    if not isinstance(claim, ReplyClaim):
+        raise InvalidInput(field, f"must be a ReplyClaim, got {type(claim).__name__}")
+    for name, check in REPLY_CLAIM_FIELDS.items():
+        check(getattr(claim, name), f"{field}.{name}")
+    return claim
+
+
+def check_outcome(outcome: object, field: str = "outcome") -> Outcome:
+    """An ``Outcome`` whose kind is an ``OutcomeKind`` (a plain string is not taken for one:
+    an unknown kind would be recorded as a transient failure)."""
+    if not isinstance(outcome, Outcome):
+        raise InvalidInput(field, f"must be an Outcome, got {type(outcome).__name__}")
+    if type(outcome.kind) is not OutcomeKind:
+        raise InvalidInput(f"{field}.kind", f"must be an OutcomeKind, got "
+                                            f"{type(outcome.kind).__name__}")
+    if type(outcome.detail) is not str:
+        raise InvalidInput(f"{field}.detail", f"must be a string, got "
+                                              f"{type(outcome.detail).__name__}")
+    check_bool(outcome.duplicate, f"{field}.duplicate")
+    return outcome
+
+
+def check_pair(item: object, field: str) -> tuple[Any, Any]:
+    """One item of a batch of pairs (``(claim, result)``, ``(claim, outcome)``)."""
+    if not isinstance(item, (tuple, list)) or len(item) != 2:
+        shown = (f"{len(item)} items" if isinstance(item, (tuple, list))
+                 else type(item).__name__)
+        raise InvalidInput(field, f"must be a pair, got {shown}")
+    return item[0], item[1]
 
 
 # -- JSON documents ---------------------------------------------------------------------------
