@@ -50,9 +50,11 @@ from postroom.models import (
 from postroom.settings import Settings, check_lease, check_retention
 from postroom.transports import Transport
 from postroom.validation import (
-    MAX_BATCH,
+    REPLY_ID_BYTES,
     TASK_ID_BYTES,
     CheckedEnvelope,
+    check_batch,
+    check_bool,
     check_claim,
     check_json,
     check_limit,
@@ -114,14 +116,16 @@ class Store:
         return self._db.write(inbox.RECEIVE, lambda tx: inbox.store_message(
             tx, self._settings, checked, position))
 
-    def receive_batch(self, auth: AuthContext, envelopes: Sequence[Envelope], *,
-                      positions: Sequence[Position | None] | None = None) -> list[Ack]:
+    def receive_batch(self, auth: AuthContext, envelopes: Iterable[Envelope], *,
+                      positions: Iterable[Position | None] | None = None) -> list[Ack]:
         """Store messages one commit at a time.
 
-        On the first failure raises ``BatchFailed`` carrying the ACKs of the committed prefix
-        and the failing index; replaying that prefix yields duplicates, not new tasks.
+        ``envelopes`` may be any iterable of at most ``MAX_BATCH``; it is read once, before
+        anything is stored. On the first failure raises ``BatchFailed`` carrying the ACKs of
+        the committed prefix and the failing index; replaying that prefix yields duplicates,
+        not new tasks.
         """
-        places = _positions(envelopes, positions)
+        envelopes, places = _batch(envelopes, positions)
         acks: list[Ack] = []
         for index, (envelope, position) in enumerate(zip(envelopes, places, strict=True)):
             try:
@@ -130,16 +134,15 @@ class Store:
                 raise BatchFailed(acks, index, exc) from exc
         return acks
 
-    def receive_atomic(self, auth: AuthContext, envelopes: Sequence[Envelope], *,
-                       positions: Sequence[Position | None] | None = None) -> list[Ack]:
-        """Store all messages in one transaction (one fsync), or none of them.
+    def receive_atomic(self, auth: AuthContext, envelopes: Iterable[Envelope], *,
+                       positions: Iterable[Position | None] | None = None) -> list[Ack]:
+        """Store all messages (any iterable of at most ``MAX_BATCH``) in one transaction (one
+        fsync), or none of them.
 
         Every item is validated before anything is written; a collision rolls back the whole
         batch and raises ``PayloadCollision``.
         """
-        if len(envelopes) > MAX_BATCH:
-            raise InvalidInput("envelopes", f"at most {MAX_BATCH} per atomic batch")
-        places = _positions(envelopes, positions)
+        envelopes, places = _batch(envelopes, positions)
         checked = [(_indexed(index, inbox.check, self._settings, auth, envelope),
                     _indexed(index, inbox.check_position, self._settings, position))
                    for index, (envelope, position) in enumerate(zip(envelopes, places,
@@ -200,7 +203,7 @@ class Store:
     def finish_batch(self, items: Iterable[tuple[Claim, Any]]) -> None:
         """Finish several claims in one transaction; if any is fenced, none is finished."""
         prepared = []
-        for index, item in enumerate(items):
+        for index, item in enumerate(check_batch(items, "items")):
             claim, result = check_pair(item, f"items[{index}]")
             prepared.append((_indexed(index, check_claim, claim, prefix="items"),
                              _indexed(index, check_json, result, "result", prefix="items",
@@ -217,9 +220,10 @@ class Store:
         """Report a failure; returns ``pending`` (retry after backoff) or ``failed``."""
         check_claim(claim)
         check_text(reason, "reason", max_bytes=4096)
+        check_bool(retryable, "retryable")
         delay = self._settings.backoff.delay(claim.attempt, self._rng)
         return self._db.write(tasks.FAIL, lambda tx: tasks.fail(
-            tx, self._settings, claim, reason=reason, retryable=bool(retryable), delay=delay))
+            tx, self._settings, claim, reason=reason, retryable=retryable, delay=delay))
 
     def cancel(self, task_id: str, *, reason: str = "cancelled") -> bool:
         """Cancel a pending or running task; ``False`` if it is already terminal."""
@@ -251,6 +255,7 @@ class Store:
 
     def task(self, task_id: str) -> Task:
         """The task ``task_id`` as stored; ``NotFound`` if there is none."""
+        check_text(task_id, "task_id", max_bytes=TASK_ID_BYTES)
         row = self._db.read(lambda tx: tx.one("task_get", task_id=task_id))
         if row is None:
             raise NotFound(f"no task {task_id}")
@@ -258,11 +263,13 @@ class Store:
 
     def reply(self, task_id: str) -> Reply | None:
         """The reply of task ``task_id``, or ``None`` while the task is not terminal."""
+        check_text(task_id, "task_id", max_bytes=TASK_ID_BYTES)
         row = self._db.read(lambda tx: tx.one("reply_get", task_id=task_id))
         return Reply.from_row(row) if row is not None else None
 
     def requeues(self, reply_id: str) -> list[Requeue]:
         """The recorded operator decisions to resend ``reply_id``, oldest first."""
+        check_text(reply_id, "reply_id", max_bytes=REPLY_ID_BYTES)
         rows = self._db.read(lambda tx: tx.all("requeues_for_reply", reply_id=reply_id))
         return [Requeue(reply_id=row["reply_id"], operator=row["operator"],
                         reason=row["reason"], requeued_at=float(row["requeued_at"]),
@@ -291,7 +298,7 @@ class Store:
     def record_deliveries(self, pairs: Iterable[tuple[ReplyClaim, Outcome]]) -> DispatchReport:
         """Record several outcomes in one transaction; fenced ones are reported, not raised."""
         checked = []
-        for index, item in enumerate(pairs):
+        for index, item in enumerate(check_batch(pairs, "pairs")):
             claim, outcome = check_pair(item, f"pairs[{index}]")
             checked.append((_indexed(index, check_reply_claim, claim, prefix="pairs"),
                             _indexed(index, check_outcome, outcome, prefix="pairs")))
@@ -335,6 +342,7 @@ class Store:
         Reconcile with the receiver by ``reply_id`` first: it may hold the reply already,
         in which case the redelivery is acknowledged as a duplicate with no second effect.
         """
+        check_text(reply_id, "reply_id", max_bytes=REPLY_ID_BYTES)
         check_text(operator, "operator", max_bytes=self._settings.limits.text_bytes)
         check_text(reason, "reason", max_bytes=4096)
         self._db.write(outbox.REQUEUE, lambda tx: outbox.requeue(
@@ -566,14 +574,16 @@ def open_store(url: str, *, clock: Clock | None = None, settings: Settings | Non
     return Store.open(url, clock=clock, settings=settings, seed=seed)
 
 
-def _positions(envelopes: Sequence[Envelope],
-               positions: Sequence[Position | None] | None) -> Sequence[Position | None]:
+def _batch(envelopes: Iterable[Envelope], positions: Iterable[Position | None] | None
+           ) -> tuple[list[Envelope], list[Position | None]]:
+    """A batch's envelopes and their positions, each read once (see ``check_batch``)."""
+    items = check_batch(envelopes, "envelopes")
     if positions is None:
-        return [None] * len(envelopes)
-    if len(positions) != len(envelopes):
-        raise InvalidInput("positions", f"{len(positions)} positions for "
-                                        f"{len(envelopes)} envelopes")
-    return positions
+        return items, [None] * len(items)
+    places = check_batch(positions, "positions")
+    if len(places) != len(items):
+        raise InvalidInput("positions", f"{len(places)} positions for {len(items)} envelopes")
+    return items, places
 
 
 def _indexed(index: int, check: Any, *args: Any, prefix: str = "envelopes",

@@ -7,9 +7,10 @@ Everything here is pure: no I/O, no clock. Validation runs before any write and 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,6 +173,19 @@ def check_bool(value: object, field: str) -> bool:
     if type(value) is not bool:
         raise InvalidInput(field, f"must be a bool, got {type(value).__name__}")
     return value
+
+
+def check_batch(items: object, field: str) -> list[Any]:
+    """The items of a batch argument, read once: any iterable (a list, a generator ...) of at
+    most ``MAX_BATCH`` items. Refusing a longer one reads no more than ``MAX_BATCH + 1``."""
+    if isinstance(items, (str, bytes, bytearray, Mapping)) or not isinstance(items, Iterable):
+        raise InvalidInput(field, f"must be an iterable of items (a list, say), got "
+                                  f"{type(items).__name__}")
+    taken = list(itertools.islice(items, MAX_BATCH + 1))
+    if len(taken) > MAX_BATCH:
+        raise InvalidInput(field, f"has more than {MAX_BATCH} items; the limit per batch is "
+                                  f"{MAX_BATCH}")
+    return taken
 
 
 # -- claims -----------------------------------------------------------------------------------
