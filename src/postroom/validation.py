@@ -111,12 +111,21 @@ def check_text(value: object, field: str, *, max_bytes: int,
     """A non-empty ``str`` of at most ``max_bytes`` UTF-8 bytes, without U+0000."""
     if type(value) is not str:
         raise error(field, f"must be a string, got {type(value).__name__}")
-    if not _is_utf8(value):
-        raise error(field, "is not valid UTF-8 text (lone surrogate)")
+    # A character is at least one byte of UTF-8: a longer text is refused before it is
+    # scanned or encoded, so refusing it costs the same whatever its length.
+    if len(value) > max_bytes:
+        raise error(field, f"is {len(value)} characters, so at least {len(value)} bytes of "
+                           f"UTF-8; the limit is {max_bytes}")
+    if value.isascii():
+        size = len(value)
+    else:
+        try:
+            size = len(value.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise error(field, "is not valid UTF-8 text (lone surrogate)") from None
     if "\x00" in value:
         # PostgreSQL cannot store NUL in text; refusing it here keeps the backends alike.
         raise error(field, "contains U+0000 (NUL), which cannot be stored as text")
-    size = len(value.encode("utf-8"))
     if size == 0:
         raise error(field, "must not be empty")
     if size > max_bytes:
@@ -304,59 +313,106 @@ def check_json(value: object, field: str, *, limits: Limits, require_object: boo
     Refuses non-str keys, non-finite numbers, unknown types, self-references, nesting deeper
     than ``limits.payload_depth``, more than ``limits.payload_nodes`` values, and a canonical
     size above ``limits.payload_bytes``.
+
+    Refusing costs time bounded by the limits, not by the value (SPEC §1): a container is
+    counted before its items are looked at, a running lower bound of the canonical size
+    (a text of n characters takes at least n + 2 bytes) refuses a document as soon as it
+    passes the limit, and nothing is encoded until the whole document is within both.
     """
     if require_object and not isinstance(value, dict):
         raise error(field, f"must be a JSON object, got {type(value).__name__}")
-    nodes = 0
-    # Iterative walk: (value, path, depth). Containers on the current path are tracked to
+    max_nodes, max_bytes, max_depth = (limits.payload_nodes, limits.payload_bytes,
+                                       limits.payload_depth)
+    # A document that is a scalar is checked as the only item of a list around it.
+    nodes = 0  # the values counted so far: every item of every container looked at
+    size = -2  # a lower bound of the canonical size (less that list's brackets)
+    # Containers still to look at: (container, where, depth, ancestors). ``where`` is the
+    # field name of the document, or (the container's where, key or index): the dotted path
+    # is only spelled out for an error. The ancestors (ids of the containers on the path)
     # name a self-reference precisely instead of reporting it as "too deep".
-    stack: list[tuple[object, str, int, tuple[int, ...]]] = [(value, field, 0, ())]
+    stack: list[tuple[Any, Any, int, tuple[int, ...]]] = [([value], _ROOT, -1, ())]
     while stack:
-        item, path, depth, ancestors = stack.pop()
-        nodes += 1
-        if nodes > limits.payload_nodes:
-            raise error(field, f"has more than {limits.payload_nodes} values")
-        kind = type(item)
-        if kind is str:
-            if not _is_utf8(item):  # type: ignore[arg-type]
-                raise error(path, "is not valid UTF-8 text (lone surrogate)")
-            continue
-        if item is None or kind is bool:
-            continue
-        if kind is int:
-            if not -_INT64 <= item < _INT64:  # type: ignore[operator]
-                raise error(path, "integer outside the signed 64-bit range")
-            continue
-        if kind is float:
-            if not math.isfinite(item):  # type: ignore[arg-type]
-                raise error(path, f"must be a finite number, got {item!r}")
-            continue
-        if kind is dict or kind is list or kind is tuple:
-            if id(item) in ancestors:
-                raise error(path, "refers to itself (self-referencing structure)")
-            if depth + 1 > limits.payload_depth:
-                raise error(path, f"nesting deeper than {limits.payload_depth} levels")
-            inner = (*ancestors, id(item))
-            if kind is dict:
-                for key, child in item.items():  # type: ignore[attr-defined]
-                    if type(key) is not str:
-                        raise error(path, f"has a key of type {type(key).__name__}; "
-                                          "keys must be str")
-                    if not _is_utf8(key):
-                        raise error(path, "has a key that is not valid UTF-8 text "
-                                          "(lone surrogate)")
-                    stack.append((child, f"{path}.{key}", depth + 1, inner))
+        item, where, depth, ancestors = stack.pop()
+        if id(item) in ancestors:
+            raise error(_path(where, field), "refers to itself (self-referencing structure)")
+        if depth + 1 > max_depth:
+            raise error(_path(where, field), f"nesting deeper than {max_depth} levels")
+        count = len(item)
+        nodes += count
+        if nodes > max_nodes:
+            raise error(field, f"has more than {max_nodes} values")
+        size += count + 1  # brackets and commas
+        is_dict = type(item) is dict
+        if is_dict:
+            size += _keys(item, max_bytes - size, where, field, error)
+        if size > max_bytes:
+            raise _too_big(error, field, size, max_bytes)
+        inner = (*ancestors, id(item))
+        for key, child in (item.items() if is_dict else enumerate(item)):
+            kind = type(child)
+            if kind is str:
+                size += len(child) + 2
+                if size > max_bytes:
+                    raise _too_big(error, field, size, max_bytes)
+                if not (child.isascii() or _is_utf8(child)):
+                    raise error(_path((where, key), field),
+                                "is not valid UTF-8 text (lone surrogate)")
+            elif kind is dict or kind is list or kind is tuple:
+                stack.append((child, (where, key), depth + 1, inner))
+            elif child is None or kind is bool:
+                pass
+            elif kind is int:
+                if not -_INT64 <= child < _INT64:
+                    raise error(_path((where, key), field),
+                                "integer outside the signed 64-bit range")
+            elif kind is float:
+                if not math.isfinite(child):
+                    raise error(_path((where, key), field),
+                                f"must be a finite number, got {child!r}")
             else:
-                for index, child in enumerate(item):  # type: ignore[arg-type]
-                    stack.append((child, f"{path}[{index}]", depth + 1, inner))
-            continue
-        raise error(path, f"{kind.__name__} is not a JSON value")
+                raise error(_path((where, key), field), f"{kind.__name__} is not a JSON value")
     text = canonical_json(value)
-    size = len(text.encode("utf-8"))
-    if size > limits.payload_bytes:
-        raise error(field, f"is {size} bytes as canonical JSON; "
-                           f"the limit is {limits.payload_bytes}")
+    size = len(text) if text.isascii() else len(text.encode("utf-8"))
+    if size > max_bytes:
+        raise error(field, f"is {size} bytes as canonical JSON; the limit is {max_bytes}")
     return text
+
+
+def _keys(item: dict[Any, Any], budget: int, where: Any, field: str,
+          error: type[InvalidInput]) -> int:
+    """The least canonical size of ``item``'s keys (with quotes and colons), checking each
+    key; stops counting once over ``budget``, before checking a key it cannot afford."""
+    used = 0
+    for key in item:
+        if type(key) is not str:
+            raise error(_path(where, field), f"has a key of type {type(key).__name__}; "
+                                            "keys must be str")
+        used += len(key) + 3
+        if used > budget:
+            break
+        if not (key.isascii() or _is_utf8(key)):
+            raise error(_path(where, field), "has a key that is not valid UTF-8 text "
+                                            "(lone surrogate)")
+    return used
+
+
+def _too_big(error: type[InvalidInput], field: str, size: int, limit: int) -> InvalidInput:
+    return error(field, f"is at least {size} bytes as canonical JSON; the limit is {limit}")
+
+
+#: ``where`` of the list a document is checked in; its one item is the document itself.
+_ROOT: Any = object()
+
+
+def _path(where: Any, field: str) -> str:
+    """The dotted path of ``where`` (see ``check_json``) in the document named ``field``."""
+    parts: list[str] = []
+    while where is not _ROOT:
+        where, key = where
+        if where is _ROOT:
+            break  # the document itself
+        parts.append(f".{key}" if type(key) is str else f"[{key}]")
+    return field + "".join(reversed(parts))
 
 
 def _is_utf8(text: str) -> bool:
