@@ -109,6 +109,19 @@ def test_the_claim_as_issued_still_renews_and_fails(store, claim):
     assert store.fail(renewed, "once more") == postroom.TaskState.PENDING
 
 
+def test_a_copy_of_the_claim_from_before_its_renewal_still_finishes(store, claim):
+    # Not a credential: the database's lease is the one that counts.
+    assert store.renew(claim, lease=60).lease_until != claim.lease_until
+    store.finish(claim, None)
+    assert store.task(claim.task_id).state == postroom.TaskState.DONE
+
+
+def test_a_claim_whose_payload_its_handler_changed_still_finishes(store, claim):
+    claim.payload["seen"] = True  # the handler's to use
+    store.finish(claim, None)
+    assert store.task(claim.task_id).state == postroom.TaskState.DONE
+
+
 #: Values of the wrong type for a claim's fields: (field, value, the problem named).
 MISTYPED = [
     ("fence", "1", "must be an int, got str"),
