@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import postroom
-from postroom.db import Database
+from postroom.db import Database, Tx
 
 #: The manual clock's starting time in every test.
 START = 1_000_000.0
@@ -50,3 +50,13 @@ def analyze(store: postroom.Store) -> None:
         tables = [row["tablename"] for row in dialect.execute(
             conn, "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()", ())]
         dialect.execute(conn, "ANALYZE " + ", ".join(f'"{name}"' for name in tables), ())
+
+
+def stored(store: postroom.Store) -> dict[str, list[dict[str, object]]]:
+    """Every row of the tasks, replies and time high-water tables: what a refused call must
+    leave exactly as it was."""
+    def read(tx: Tx) -> dict[str, list[dict[str, object]]]:
+        return {table: [dict(row) for row in tx.execute(f"SELECT * FROM {table} ORDER BY 1")]
+                for table in ("tasks", "replies", "postroom_clock")}
+
+    return database_of(store).read(read)

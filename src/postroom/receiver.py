@@ -9,6 +9,7 @@ different content is refused as a collision.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,7 +18,13 @@ from postroom.db import Database, Tx, Write, dialect_for_url
 from postroom.errors import InvalidInput, PayloadCollision
 from postroom.models import Outcome, Outgoing, ReceiverAck
 from postroom.transitions import reply_id_for
-from postroom.validation import canonical_json, fingerprint
+from postroom.validation import (
+    REPLY_BODY_BYTES,
+    REPLY_ID_BYTES,
+    canonical_json,
+    check_text,
+    fingerprint,
+)
 
 __all__ = ["ACCEPT", "Effect", "Receiver"]
 
@@ -48,38 +55,46 @@ class Receiver:
         return cls(database, effect=effect)
 
     def accept(self, reply_id: str, body: str) -> ReceiverAck:
-        """Take one reply; raises ``PayloadCollision`` for the same id with other content."""
+        """Take one reply; raises ``PayloadCollision`` for the same id with other content,
+        ``InvalidInput`` naming ``reply_id`` or ``body`` for a reply that is not one."""
+        check_text(reply_id, "reply_id", max_bytes=REPLY_ID_BYTES)
+        if type(body) is not str:
+            raise InvalidInput("body", f"must be a string, got {type(body).__name__}")
         outcome = self.accept_batch([Outgoing(reply_id=reply_id, body=body,
                                               fingerprint=fingerprint(body))])[0]
         if outcome.kind == "collision":
             raise PayloadCollision(f"reply {reply_id}", outcome.detail)
         if outcome.kind != "delivered":
-            raise InvalidInput("body", outcome.detail)
+            raise InvalidInput("body", outcome.detail.removeprefix("body "))
         return ReceiverAck(reply_id=reply_id, duplicate=outcome.duplicate)
 
     def accept_batch(self, replies: Sequence[Outgoing]) -> list[Outcome]:
         """Take several replies in one transaction; one outcome per reply, in order.
 
-        Effects apply in the batch's order.
+        Effects apply in the batch's order. A reply that is not a result document (not even
+        text, say) gets a ``permanent`` outcome; the others are taken all the same.
         """
         return self._db.write(ACCEPT, lambda tx: self._accept_all(tx, replies))
 
     def _accept_all(self, tx: Tx, replies: Sequence[Outgoing]) -> list[Outcome]:
         outcomes: dict[int, Outcome] = {}
         documents: dict[int, dict[str, Any]] = {}
+        parsed: dict[int, dict[str, Any]] = {}
+        for index, reply in enumerate(replies):
+            document = _parse(reply)
+            if isinstance(document, Outcome):
+                outcomes[index] = document
+            else:
+                parsed[index] = document
         # Receipts are inserted in reply_id order, so two dispatchers' overlapping batches
         # take the receipts' key locks in one order (on PostgreSQL the second waits for the
         # first instead of deadlocking). The sort is stable: of one id given twice, the
         # first in the batch is the new one.
-        for index in sorted(range(len(replies)), key=lambda i: replies[i].reply_id):
-            reply = replies[index]
-            document = _parse(reply)
-            if isinstance(document, Outcome):
-                outcomes[index] = document
-            elif (refused := self._record(tx, reply)) is not None:
+        for index in sorted(parsed, key=lambda i: replies[i].reply_id):
+            if (refused := self._record(tx, replies[index])) is not None:
                 outcomes[index] = refused
             else:
-                documents[index] = document
+                documents[index] = parsed[index]
         for index, document in sorted(documents.items()):
             tx.change("effect_insert", **_effect(replies[index], document, tx.now))
             if self._effect is not None:
@@ -101,11 +116,13 @@ class Receiver:
 
     def receipt(self, reply_id: str) -> dict[str, Any] | None:
         """The stored receipt of ``reply_id``, or ``None``."""
+        check_text(reply_id, "reply_id", max_bytes=REPLY_ID_BYTES)
         row = self._db.read(lambda tx: tx.one("receipt_get", reply_id=reply_id))
         return dict(row) if row is not None else None
 
     def effect_count(self, reply_id: str) -> int:
         """How many business effects ``reply_id`` has had (never more than one)."""
+        check_text(reply_id, "reply_id", max_bytes=REPLY_ID_BYTES)
         row = self._db.read(lambda tx: tx.one("effect_count", reply_id=reply_id))
         return int(row["n"]) if row is not None else 0
 
@@ -139,10 +156,20 @@ def _effect(reply: Outgoing, document: dict[str, Any], now: float) -> dict[str, 
 
 
 def _parse(reply: Outgoing) -> dict[str, Any] | Outcome:
+    """The reply's body as a result document, or the permanent outcome of one that is not."""
     try:
-        document = json.loads(reply.body)
-    except ValueError:
-        return Outcome.permanent("body is not JSON")
+        check_text(reply.reply_id, "reply_id", max_bytes=REPLY_ID_BYTES)
+        check_text(reply.body, "body", max_bytes=REPLY_BODY_BYTES)
+    except InvalidInput as exc:
+        return Outcome.permanent(str(exc))
+    try:
+        document = json.loads(reply.body, parse_constant=_no_constant, parse_float=_finite)
+        # What it holds is stored as text: a lone surrogate (escaped in the body) cannot be.
+        canonical_json(document).encode("utf-8")
+    except RecursionError:
+        return Outcome.permanent("body is not JSON: it nests too deeply")
+    except ValueError as exc:
+        return Outcome.permanent(f"body is not JSON: {exc}")
     if not isinstance(document, dict) or document.get("kind") != "result":
         return Outcome.permanent("body is not a result document")
     task_id = document.get("task_id")
@@ -151,3 +178,14 @@ def _parse(reply: Outgoing) -> dict[str, Any] | Outcome:
     if not isinstance(document.get("status"), str):
         return Outcome.permanent("body has no status")
     return document
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"{text} is not a finite number")
+    return number

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from postroom.errors import InvalidInput
-from postroom.validation import DEFAULT_LIMITS, Limits, check_text
+from postroom.validation import DEFAULT_LIMITS, FOLLOW_UP_NAMESPACES, Limits, check_text
 
 __all__ = ["DEFAULT_RETENTION", "DELIVERY_BUDGETS", "LEASES", "MAX_RETENTION", "Backoff",
            "ExponentialBackoff", "FixedBackoff", "Settings", "check_lease", "check_retention"]
@@ -128,6 +128,13 @@ class Settings:
                 raise InvalidInput("allowed_sources", "must be a frozenset of principals")
             for source in self.allowed_sources:
                 check_text(source, "allowed_sources", max_bytes=self.limits.text_bytes)
+                if source.startswith(FOLLOW_UP_NAMESPACES):
+                    # No caller can authenticate as one (see ``inbox.principal_of``): allowing
+                    # it would be a setting that never takes effect.
+                    reserved = " or ".join(map(repr, FOLLOW_UP_NAMESPACES))
+                    raise InvalidInput("allowed_sources", f"{source!r} is reserved: names "
+                                                          f"beginning with {reserved} "
+                                                          "identify follow-ups")
 
 
 def check_lease(seconds: float, field: str = "lease") -> float:

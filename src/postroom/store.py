@@ -51,14 +51,20 @@ from postroom.models import (
 from postroom.settings import Settings, check_lease, check_retention
 from postroom.transports import Transport
 from postroom.validation import (
-    MAX_BATCH,
     MAX_DELAY,
+    REPLY_ID_BYTES,
     TASK_ID_BYTES,
     CheckedEnvelope,
+    check_batch,
+    check_bool,
+    check_claim,
     check_json,
     check_limit,
     check_number,
+    check_outcome,
+    check_pair,
     check_queues,
+    check_reply_claim,
     check_text,
     follow_up_principal,
 )
@@ -113,14 +119,16 @@ class Store:
         return self._db.write(inbox.RECEIVE, lambda tx: inbox.store_message(
             tx, self._settings, checked, position))
 
-    def receive_batch(self, auth: AuthContext, envelopes: Sequence[Envelope], *,
-                      positions: Sequence[Position | None] | None = None) -> list[Ack]:
+    def receive_batch(self, auth: AuthContext, envelopes: Iterable[Envelope], *,
+                      positions: Iterable[Position | None] | None = None) -> list[Ack]:
         """Store messages one commit at a time.
 
-        On the first failure raises ``BatchFailed`` carrying the ACKs of the committed prefix
-        and the failing index; replaying that prefix yields duplicates, not new tasks.
+        ``envelopes`` may be any iterable of at most ``MAX_BATCH``; it is read once, before
+        anything is stored. On the first failure raises ``BatchFailed`` carrying the ACKs of
+        the committed prefix and the failing index; replaying that prefix yields duplicates,
+        not new tasks.
         """
-        places = _positions(envelopes, positions)
+        envelopes, places = _batch(envelopes, positions)
         acks: list[Ack] = []
         for index, (envelope, position) in enumerate(zip(envelopes, places, strict=True)):
             try:
@@ -129,16 +137,15 @@ class Store:
                 raise BatchFailed(acks, index, exc) from exc
         return acks
 
-    def receive_atomic(self, auth: AuthContext, envelopes: Sequence[Envelope], *,
-                       positions: Sequence[Position | None] | None = None) -> list[Ack]:
-        """Store all messages in one transaction (one fsync), or none of them.
+    def receive_atomic(self, auth: AuthContext, envelopes: Iterable[Envelope], *,
+                       positions: Iterable[Position | None] | None = None) -> list[Ack]:
+        """Store all messages (any iterable of at most ``MAX_BATCH``) in one transaction (one
+        fsync), or none of them.
 
         Every item is validated before anything is written; a collision rolls back the whole
         batch and raises ``PayloadCollision``.
         """
-        if len(envelopes) > MAX_BATCH:
-            raise InvalidInput("envelopes", f"at most {MAX_BATCH} per atomic batch")
-        places = _positions(envelopes, positions)
+        envelopes, places = _batch(envelopes, positions)
         checked = [(_indexed(index, inbox.check, self._settings, auth, envelope),
                     _indexed(index, inbox.check_position, self._settings, position))
                    for index, (envelope, position) in enumerate(zip(envelopes, places,
@@ -181,6 +188,7 @@ class Store:
 
     def renew(self, claim: Claim, *, lease: float | None = None) -> Claim:
         """Extend ``claim``'s lease; returns the claim with its new ``lease_until``."""
+        check_claim(claim)
         seconds = self._lease(lease, self._settings.lease)
         return self._db.write(tasks.RENEW, lambda tx: tasks.renew(tx, claim, lease=seconds))
 
@@ -194,6 +202,7 @@ class Store:
         task. Returns the openings, in order. Raises ``Fenced`` if the claim is no longer
         current and ``WaitNotOpened`` if a wait cannot open; either way nothing is written.
         """
+        check_claim(claim)
         result_json = check_json(result, "result", limits=self._settings.limits,
                                  require_object=False)
         children = self._follow_ups(claim, follow_ups)
@@ -202,11 +211,14 @@ class Store:
             tx, self._settings, claim, result_json=result_json, follow_ups=children,
             opens=opens))
 
-    def finish_batch(self, items: Sequence[tuple[Claim, Any]]) -> None:
+    def finish_batch(self, items: Iterable[tuple[Claim, Any]]) -> None:
         """Finish several claims in one transaction; if any is fenced, none is finished."""
-        prepared = [(claim, _indexed(index, check_json, result, "result",
-                                     limits=self._settings.limits, require_object=False))
-                    for index, (claim, result) in enumerate(items)]
+        prepared = []
+        for index, item in enumerate(check_batch(items, "items")):
+            claim, result = check_pair(item, f"items[{index}]")
+            prepared.append((_indexed(index, check_claim, claim, prefix="items"),
+                             _indexed(index, check_json, result, "result", prefix="items",
+                                      limits=self._settings.limits, require_object=False)))
 
         def each(tx: Tx) -> None:
             for claim, result_json in prepared:
@@ -217,10 +229,12 @@ class Store:
 
     def fail(self, claim: Claim, reason: str, *, retryable: bool = True) -> TaskState:
         """Report a failure; returns ``pending`` (retry after backoff) or ``failed``."""
+        check_claim(claim)
         check_text(reason, "reason", max_bytes=4096)
+        check_bool(retryable, "retryable")
         delay = self._settings.backoff.delay(claim.attempt, self._rng)
         return self._db.write(tasks.FAIL, lambda tx: tasks.fail(
-            tx, self._settings, claim, reason=reason, retryable=bool(retryable), delay=delay))
+            tx, self._settings, claim, reason=reason, retryable=retryable, delay=delay))
 
     def release(self, claim: Claim, *, delay: float = 0.0) -> None:
         """Hand a claimed task back unfinished, claimable again after ``delay`` seconds.
@@ -266,6 +280,7 @@ class Store:
 
     def task(self, task_id: str) -> Task:
         """The task ``task_id`` as stored; ``NotFound`` if there is none."""
+        check_text(task_id, "task_id", max_bytes=TASK_ID_BYTES)
         return self._db.read(lambda tx: status.task(tx, task_id))
 
     def story(self, task_id: str) -> TaskStory:
@@ -274,14 +289,17 @@ class Store:
         delivery attempt, the requeues of that reply and the waits it opened. The attempts
         are kept in the task's own row, so they are pruned with it. ``NotFound`` if there is
         no such task."""
+        check_text(task_id, "task_id", max_bytes=TASK_ID_BYTES)
         return self._db.read(lambda tx: status.story(tx, task_id))
 
     def reply(self, task_id: str) -> Reply | None:
         """The reply of task ``task_id``, or ``None`` while the task is not terminal."""
+        check_text(task_id, "task_id", max_bytes=TASK_ID_BYTES)
         return self._db.read(lambda tx: status.reply(tx, task_id))
 
     def requeues(self, reply_id: str) -> list[Requeue]:
         """The recorded operator decisions to resend ``reply_id``, oldest first."""
+        check_text(reply_id, "reply_id", max_bytes=REPLY_ID_BYTES)
         return self._db.read(lambda tx: status.requeues(tx, reply_id))
 
     # -- delivery -------------------------------------------------------------------------------
@@ -299,15 +317,22 @@ class Store:
 
     def record_delivery(self, claim: ReplyClaim, outcome: Outcome) -> ReplyState:
         """Record one delivery outcome; ``Fenced`` if another publisher holds the reply."""
+        check_reply_claim(claim)
+        check_outcome(outcome)
         delay = self._settings.delivery_backoff.delay(claim.attempt, self._rng)
         return self._db.write(outbox.DISPATCH_RECORD, lambda tx: outbox.record(
             tx, claim, outcome, delay=delay))
 
     def record_deliveries(self, pairs: Iterable[tuple[ReplyClaim, Outcome]]) -> DispatchReport:
         """Record several outcomes in one transaction; fenced ones are reported, not raised."""
+        checked = []
+        for index, item in enumerate(check_batch(pairs, "pairs")):
+            claim, outcome = check_pair(item, f"pairs[{index}]")
+            checked.append((_indexed(index, check_reply_claim, claim, prefix="pairs"),
+                            _indexed(index, check_outcome, outcome, prefix="pairs")))
         items = [(claim, outcome, self._settings.delivery_backoff.delay(claim.attempt,
                                                                         self._rng))
-                 for claim, outcome in pairs]
+                 for claim, outcome in checked]
 
         def bulk(tx: Tx) -> tuple[dict[ReplyState, int], list[str]]:
             counts = dict.fromkeys(ReplyState, 0)
@@ -345,6 +370,7 @@ class Store:
         Reconcile with the receiver by ``reply_id`` first: it may hold the reply already,
         in which case the redelivery is acknowledged as a duplicate with no second effect.
         """
+        check_text(reply_id, "reply_id", max_bytes=REPLY_ID_BYTES)
         check_text(operator, "operator", max_bytes=self._settings.limits.text_bytes)
         check_text(reason, "reason", max_bytes=4096)
         self._db.write(outbox.REQUEUE, lambda tx: outbox.requeue(
@@ -596,14 +622,16 @@ def open_store(url: str, *, clock: Clock | None = None, settings: Settings | Non
     return Store.open(url, clock=clock, settings=settings, seed=seed)
 
 
-def _positions(envelopes: Sequence[Envelope],
-               positions: Sequence[Position | None] | None) -> Sequence[Position | None]:
+def _batch(envelopes: Iterable[Envelope], positions: Iterable[Position | None] | None
+           ) -> tuple[list[Envelope], list[Position | None]]:
+    """A batch's envelopes and their positions, each read once (see ``check_batch``)."""
+    items = check_batch(envelopes, "envelopes")
     if positions is None:
-        return [None] * len(envelopes)
-    if len(positions) != len(envelopes):
-        raise InvalidInput("positions", f"{len(positions)} positions for "
-                                        f"{len(envelopes)} envelopes")
-    return positions
+        return items, [None] * len(items)
+    places = check_batch(positions, "positions")
+    if len(places) != len(items):
+        raise InvalidInput("positions", f"{len(places)} positions for {len(items)} envelopes")
+    return items, places
 
 
 def _indexed(index: int, check: Any, *args: Any, prefix: str = "envelopes",

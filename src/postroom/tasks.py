@@ -91,14 +91,15 @@ def _text(value: Any) -> str | None:
 _COPIED: tuple[tuple[str, str, Callable[[Any], Any]], ...] = (
     ("attempt", "attempts", int), ("max_attempts", "max_attempts", int), ("hops", "hops", int),
     ("deadline", "deadline", float), ("principal", "principal", str), ("queue", "queue", str),
-    ("correlation_id", "correlation_id", _text), ("requester", "requester", _text))
+    ("message_id", "message_id", str), ("correlation_id", "correlation_id", _text),
+    ("requester", "requester", _text))
 
 
 def claim_from_row(row: Mapping[str, Any], owner: str) -> Claim:
     """The claim a ``claim_tasks`` row hands ``owner``."""
     return Claim(task_id=row["task_id"], owner=owner, fence=int(row["fence"]),
                  payload=json.loads(row["payload"]), lease_until=float(row["lease_until"]),
-                 message_id=row["message_id"], **_issued(row))
+                 **_issued(row))
 
 
 def _issued(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -7,13 +7,15 @@ Everything here is pure: no I/O, no clock. Validation runs before any write and 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from postroom.errors import InvalidEnvelope, InvalidInput
+from postroom.models import Claim, Outcome, OutcomeKind, ReplyClaim
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -109,12 +111,21 @@ def check_text(value: object, field: str, *, max_bytes: int,
     """A non-empty ``str`` of at most ``max_bytes`` UTF-8 bytes, without U+0000."""
     if type(value) is not str:
         raise error(field, f"must be a string, got {type(value).__name__}")
-    if not _is_utf8(value):
-        raise error(field, "is not valid UTF-8 text (lone surrogate)")
+    # A character is at least one byte of UTF-8: a longer text is refused before it is
+    # scanned or encoded, so refusing it costs the same whatever its length.
+    if len(value) > max_bytes:
+        raise error(field, f"is {len(value)} characters, so at least {len(value)} bytes of "
+                           f"UTF-8; the limit is {max_bytes}")
+    if value.isascii():
+        size = len(value)
+    else:
+        try:
+            size = len(value.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise error(field, "is not valid UTF-8 text (lone surrogate)") from None
     if "\x00" in value:
         # PostgreSQL cannot store NUL in text; refusing it here keeps the backends alike.
         raise error(field, "contains U+0000 (NUL), which cannot be stored as text")
-    size = len(value.encode("utf-8"))
     if size == 0:
         raise error(field, "must not be empty")
     if size > max_bytes:
@@ -169,6 +180,138 @@ def check_number(value: object, field: str,
     return number
 
 
+def check_bool(value: object, field: str) -> bool:
+    """A ``bool``: nothing else is taken for true or false."""
+    if type(value) is not bool:
+        raise InvalidInput(field, f"must be a bool, got {type(value).__name__}")
+    return value
+
+
+def check_batch(items: object, field: str) -> list[Any]:
+    """The items of a batch argument, read once: any iterable (a list, a generator ...) of at
+    most ``MAX_BATCH`` items. Refusing a longer one reads no more than ``MAX_BATCH + 1``."""
+    if isinstance(items, (str, bytes, bytearray, Mapping)) or not isinstance(items, Iterable):
+        raise InvalidInput(field, f"must be an iterable of items (a list, say), got "
+                                  f"{type(items).__name__}")
+    taken = list(itertools.islice(items, MAX_BATCH + 1))
+    if len(taken) > MAX_BATCH:
+        raise InvalidInput(field, f"has more than {MAX_BATCH} items; the limit per batch is "
+                                  f"{MAX_BATCH}")
+    return taken
+
+
+# -- claims -----------------------------------------------------------------------------------
+
+#: The most UTF-8 bytes a stored principal may have. A sender's is within the text limit; a
+#: follow-up's names its parent: "task:" and a task id, or "wait:" and the canonical JSON of
+#: the wait's address (two texts of up to 128 bytes, each byte escaped in at most 6, and a
+#: generation of up to 10 digits).
+PRINCIPAL_BYTES = len(WAIT_FOLLOW_UPS) + len('["","",]') + 2 * 6 * _CEILINGS["text_bytes"] + 10
+#: The most UTF-8 bytes of a ``reply_id``: ``"reply:"`` and a task id.
+REPLY_ID_BYTES = len("reply:") + TASK_ID_BYTES
+#: The most UTF-8 bytes of a reply's body: a result within the payload limit, or an error of
+#: a few KiB, and the reply's identity and routing. Twice the payload ceiling leaves room.
+REPLY_BODY_BYTES = 2 * _CEILINGS["payload_bytes"]
+
+FieldCheck = Callable[[object, str], object]
+
+
+def _text_within(max_bytes: int) -> FieldCheck:
+    return lambda value, field: check_text(value, field, max_bytes=max_bytes)
+
+
+def _int64(value: object, field: str) -> int:
+    # Any value a database column can hold: a well-typed value that is not the record's own
+    # is a stale or forged claim, and the guarded statement answers it with ``Fenced``.
+    return check_int(value, field, low=-_INT64, high=_INT64 - 1)
+
+
+def _time(value: object, field: str) -> float:
+    if type(value) is not float or not math.isfinite(value):
+        shown = repr(value) if type(value) is float else type(value).__name__
+        raise InvalidInput(field, f"must be a finite float, got {shown}")
+    return value
+
+
+def _document(value: object, field: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise InvalidInput(field, f"must be a dict, got {type(value).__name__}")
+    return value
+
+
+_TEXT = _text_within(_CEILINGS["text_bytes"])
+
+
+def _optional(check: FieldCheck) -> FieldCheck:
+    return lambda value, field: None if value is None else check(value, field)
+
+#: How each field of a ``Claim`` is checked. Values are those postroom issued, so texts are
+#: held to the ceilings of the limits, not to a store's lowered ones (a task may have been
+#: stored before they were lowered).
+CLAIM_FIELDS: Mapping[str, FieldCheck] = {
+    "task_id": _text_within(TASK_ID_BYTES), "owner": _TEXT, "fence": _int64,
+    "attempt": _int64, "max_attempts": _int64, "payload": _document, "queue": _TEXT,
+    "hops": _int64, "deadline": _time, "lease_until": _time,
+    "principal": _text_within(PRINCIPAL_BYTES), "message_id": _TEXT,
+    "correlation_id": _optional(_TEXT), "requester": _optional(_text_within(PRINCIPAL_BYTES)),
+}
+#: How each field of a ``ReplyClaim`` is checked.
+REPLY_CLAIM_FIELDS: Mapping[str, FieldCheck] = {
+    "reply_id": _text_within(REPLY_ID_BYTES), "task_id": _text_within(TASK_ID_BYTES),
+    "owner": _TEXT, "fence": _int64, "attempt": _int64, "budget": _int64,
+    "lease_until": _time, "body": _text_within(REPLY_BODY_BYTES),
+    "fingerprint": _text_within(TASK_ID_BYTES),
+    "requester": _optional(_text_within(PRINCIPAL_BYTES)),
+}
+
+
+def check_claim(claim: object, field: str = "claim") -> Claim:
+    """A ``Claim`` whose every field has the type postroom issues it with.
+
+    A wrong type (``fence="1"``, ``fence=True``, a NaN deadline) is a programming error,
+    refused here before any SQL; whether a well-typed claim is still the task's current one
+    is the guarded statement's question (``Fenced``).
+    """
+    if not isinstance(claim, Claim):
+        raise InvalidInput(field, f"must be a Claim, got {type(claim).__name__}")
+    for name, check in CLAIM_FIELDS.items():
+        check(getattr(claim, name), f"{field}.{name}")
+    return claim
+
+
+def check_reply_claim(claim: object, field: str = "claim") -> ReplyClaim:
+    """A ``ReplyClaim`` whose every field has the type postroom issues it with."""
+    if not isinstance(claim, ReplyClaim):
+        raise InvalidInput(field, f"must be a ReplyClaim, got {type(claim).__name__}")
+    for name, check in REPLY_CLAIM_FIELDS.items():
+        check(getattr(claim, name), f"{field}.{name}")
+    return claim
+
+
+def check_outcome(outcome: object, field: str = "outcome") -> Outcome:
+    """An ``Outcome`` whose kind is an ``OutcomeKind`` (a plain string is not taken for one:
+    an unknown kind would be recorded as a transient failure)."""
+    if not isinstance(outcome, Outcome):
+        raise InvalidInput(field, f"must be an Outcome, got {type(outcome).__name__}")
+    if type(outcome.kind) is not OutcomeKind:
+        raise InvalidInput(f"{field}.kind", f"must be an OutcomeKind, got "
+                                            f"{type(outcome.kind).__name__}")
+    if type(outcome.detail) is not str:
+        raise InvalidInput(f"{field}.detail", f"must be a string, got "
+                                              f"{type(outcome.detail).__name__}")
+    check_bool(outcome.duplicate, f"{field}.duplicate")
+    return outcome
+
+
+def check_pair(item: object, field: str) -> tuple[Any, Any]:
+    """One item of a batch of pairs (``(claim, result)``, ``(claim, outcome)``)."""
+    if not isinstance(item, (tuple, list)) or len(item) != 2:
+        shown = (f"{len(item)} items" if isinstance(item, (tuple, list))
+                 else type(item).__name__)
+        raise InvalidInput(field, f"must be a pair, got {shown}")
+    return item[0], item[1]
+
+
 # -- JSON documents ---------------------------------------------------------------------------
 
 
@@ -179,59 +322,106 @@ def check_json(value: object, field: str, *, limits: Limits, require_object: boo
     Refuses non-str keys, non-finite numbers, unknown types, self-references, nesting deeper
     than ``limits.payload_depth``, more than ``limits.payload_nodes`` values, and a canonical
     size above ``limits.payload_bytes``.
+
+    Refusing costs time bounded by the limits, not by the value (SPEC §1): a container is
+    counted before its items are looked at, a running lower bound of the canonical size
+    (a text of n characters takes at least n + 2 bytes) refuses a document as soon as it
+    passes the limit, and nothing is encoded until the whole document is within both.
     """
     if require_object and not isinstance(value, dict):
         raise error(field, f"must be a JSON object, got {type(value).__name__}")
-    nodes = 0
-    # Iterative walk: (value, path, depth). Containers on the current path are tracked to
+    max_nodes, max_bytes, max_depth = (limits.payload_nodes, limits.payload_bytes,
+                                       limits.payload_depth)
+    # A document that is a scalar is checked as the only item of a list around it.
+    nodes = 0  # the values counted so far: every item of every container looked at
+    size = -2  # a lower bound of the canonical size (less that list's brackets)
+    # Containers still to look at: (container, where, depth, ancestors). ``where`` is the
+    # field name of the document, or (the container's where, key or index): the dotted path
+    # is only spelled out for an error. The ancestors (ids of the containers on the path)
     # name a self-reference precisely instead of reporting it as "too deep".
-    stack: list[tuple[object, str, int, tuple[int, ...]]] = [(value, field, 0, ())]
+    stack: list[tuple[Any, Any, int, tuple[int, ...]]] = [([value], _ROOT, -1, ())]
     while stack:
-        item, path, depth, ancestors = stack.pop()
-        nodes += 1
-        if nodes > limits.payload_nodes:
-            raise error(field, f"has more than {limits.payload_nodes} values")
-        kind = type(item)
-        if kind is str:
-            if not _is_utf8(item):  # type: ignore[arg-type]
-                raise error(path, "is not valid UTF-8 text (lone surrogate)")
-            continue
-        if item is None or kind is bool:
-            continue
-        if kind is int:
-            if not -_INT64 <= item < _INT64:  # type: ignore[operator]
-                raise error(path, "integer outside the signed 64-bit range")
-            continue
-        if kind is float:
-            if not math.isfinite(item):  # type: ignore[arg-type]
-                raise error(path, f"must be a finite number, got {item!r}")
-            continue
-        if kind is dict or kind is list or kind is tuple:
-            if id(item) in ancestors:
-                raise error(path, "refers to itself (self-referencing structure)")
-            if depth + 1 > limits.payload_depth:
-                raise error(path, f"nesting deeper than {limits.payload_depth} levels")
-            inner = (*ancestors, id(item))
-            if kind is dict:
-                for key, child in item.items():  # type: ignore[attr-defined]
-                    if type(key) is not str:
-                        raise error(path, f"has a key of type {type(key).__name__}; "
-                                          "keys must be str")
-                    if not _is_utf8(key):
-                        raise error(path, "has a key that is not valid UTF-8 text "
-                                          "(lone surrogate)")
-                    stack.append((child, f"{path}.{key}", depth + 1, inner))
+        item, where, depth, ancestors = stack.pop()
+        if id(item) in ancestors:
+            raise error(_path(where, field), "refers to itself (self-referencing structure)")
+        if depth + 1 > max_depth:
+            raise error(_path(where, field), f"nesting deeper than {max_depth} levels")
+        count = len(item)
+        nodes += count
+        if nodes > max_nodes:
+            raise error(field, f"has more than {max_nodes} values")
+        size += count + 1  # brackets and commas
+        is_dict = type(item) is dict
+        if is_dict:
+            size += _keys(item, max_bytes - size, where, field, error)
+        if size > max_bytes:
+            raise _too_big(error, field, size, max_bytes)
+        inner = (*ancestors, id(item))
+        for key, child in (item.items() if is_dict else enumerate(item)):
+            kind = type(child)
+            if kind is str:
+                size += len(child) + 2
+                if size > max_bytes:
+                    raise _too_big(error, field, size, max_bytes)
+                if not (child.isascii() or _is_utf8(child)):
+                    raise error(_path((where, key), field),
+                                "is not valid UTF-8 text (lone surrogate)")
+            elif kind is dict or kind is list or kind is tuple:
+                stack.append((child, (where, key), depth + 1, inner))
+            elif child is None or kind is bool:
+                pass
+            elif kind is int:
+                if not -_INT64 <= child < _INT64:
+                    raise error(_path((where, key), field),
+                                "integer outside the signed 64-bit range")
+            elif kind is float:
+                if not math.isfinite(child):
+                    raise error(_path((where, key), field),
+                                f"must be a finite number, got {child!r}")
             else:
-                for index, child in enumerate(item):  # type: ignore[arg-type]
-                    stack.append((child, f"{path}[{index}]", depth + 1, inner))
-            continue
-        raise error(path, f"{kind.__name__} is not a JSON value")
+                raise error(_path((where, key), field), f"{kind.__name__} is not a JSON value")
     text = canonical_json(value)
-    size = len(text.encode("utf-8"))
-    if size > limits.payload_bytes:
-        raise error(field, f"is {size} bytes as canonical JSON; "
-                           f"the limit is {limits.payload_bytes}")
+    size = len(text) if text.isascii() else len(text.encode("utf-8"))
+    if size > max_bytes:
+        raise error(field, f"is {size} bytes as canonical JSON; the limit is {max_bytes}")
     return text
+
+
+def _keys(item: dict[Any, Any], budget: int, where: Any, field: str,
+          error: type[InvalidInput]) -> int:
+    """The least canonical size of ``item``'s keys (with quotes and colons), checking each
+    key; stops counting once over ``budget``, before checking a key it cannot afford."""
+    used = 0
+    for key in item:
+        if type(key) is not str:
+            raise error(_path(where, field), f"has a key of type {type(key).__name__}; "
+                                            "keys must be str")
+        used += len(key) + 3
+        if used > budget:
+            break
+        if not (key.isascii() or _is_utf8(key)):
+            raise error(_path(where, field), "has a key that is not valid UTF-8 text "
+                                            "(lone surrogate)")
+    return used
+
+
+def _too_big(error: type[InvalidInput], field: str, size: int, limit: int) -> InvalidInput:
+    return error(field, f"is at least {size} bytes as canonical JSON; the limit is {limit}")
+
+
+#: ``where`` of the list a document is checked in; its one item is the document itself.
+_ROOT: Any = object()
+
+
+def _path(where: Any, field: str) -> str:
+    """The dotted path of ``where`` (see ``check_json``) in the document named ``field``."""
+    parts: list[str] = []
+    while where is not _ROOT:
+        where, key = where
+        if where is _ROOT:
+            break  # the document itself
+        parts.append(f".{key}" if type(key) is str else f"[{key}]")
+    return field + "".join(reversed(parts))
 
 
 def _is_utf8(text: str) -> bool:

@@ -43,3 +43,12 @@ def test_any_object_with_a_delay_method_is_a_backoff() -> None:
 
     settings = Settings(backoff=Constant(), delivery_backoff=FixedBackoff(seconds=0))
     assert settings.backoff.delay(1, None) == 2.0  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("source", ["task:x", "wait:[\"flow\",\"step\",1]"])
+def test_an_allowed_source_in_a_follow_up_namespace_is_refused(source: str) -> None:
+    # No caller can authenticate as such a principal (they name follow-ups), so allowing one
+    # would be a setting that can never take effect.
+    with pytest.raises(postroom.InvalidInput, match="reserved") as refused:
+        Settings(allowed_sources=frozenset({"planner", source}))
+    assert refused.value.field == "allowed_sources"

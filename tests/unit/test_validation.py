@@ -3,6 +3,7 @@ canonical JSON that round-trips within the limits."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any
@@ -14,8 +15,11 @@ from hypothesis import strategies as st
 from postroom import AuthContext, Envelope, InvalidEnvelope, InvalidInput, Limits, Settings
 from postroom.errors import Unauthorized
 from postroom.inbox import check
+from postroom.models import Claim, ReplyClaim
 from postroom.validation import (
+    CLAIM_FIELDS,
     DEFAULT_LIMITS,
+    REPLY_CLAIM_FIELDS,
     canonical_json,
     check_envelope,
     check_json,
@@ -281,3 +285,10 @@ def test_a_kind_that_cannot_be_compared_is_refused_not_crashed_on():
     with pytest.raises(InvalidEnvelope) as refused:
         check_envelope("p", fields, limits=DEFAULT_LIMITS)
     assert refused.value.field == "kind"
+
+
+@pytest.mark.parametrize(("record", "checks"), [(Claim, CLAIM_FIELDS),
+                                                (ReplyClaim, REPLY_CLAIM_FIELDS)])
+def test_every_field_of_a_claim_is_type_checked_in_order(record, checks):
+    # A field added to a claim without a check would reach SQL unchecked.
+    assert list(checks) == [field.name for field in dataclasses.fields(record)]

@@ -85,11 +85,12 @@ state = 'pending' AND queue = :queue AND available_at <= :now AND deadline > :no
 -- The claim (:claim_owner, :fence) is still the task's: running under that owner and fence,
 -- its lease unexpired and the deadline not reached. Decisions are made from the claim's
 -- attempt count and limits, and follow-ups from its principal, queue, hops and deadline, so
--- a claim whose copy of them differs from the task's own is not this task's claim either.
+-- a claim whose copy of them differs from the task's own is not this task's claim either; nor
+-- is one naming another message (whose copy renew would hand back as the task's).
 state = 'running' AND owner = :claim_owner AND fence = :fence
   AND lease_until > :now AND deadline > :now
   AND attempts = :attempt AND max_attempts = :max_attempts AND hops = :hops
-  AND principal = :principal AND queue = :queue
+  AND principal = :principal AND queue = :queue AND message_id = :message_id
   AND correlation_id {same_as} :correlation_id AND requester {same_as} :requester
   -- As a difference, not deadline = :deadline, which a planner without statistics may
   -- answer from the deadline index: slow when many tasks share one deadline.
