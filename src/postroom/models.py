@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -19,6 +19,8 @@ __all__ = [
     "DispatchReport",
     "Envelope",
     "ExpireResult",
+    "Failed",
+    "Finished",
     "FollowUp",
     "OpenResult",
     "OpenWait",
@@ -27,12 +29,15 @@ __all__ = [
     "Outgoing",
     "Position",
     "ReceiverAck",
+    "Released",
     "Reply",
     "ReplyClaim",
     "ReplyState",
     "Requeue",
     "ResumeResult",
     "Resumption",
+    "Settled",
+    "Settlement",
     "SignalReceipt",
     "SignalResult",
     "Swept",
@@ -192,6 +197,56 @@ class Claim:
     message_id: str
     correlation_id: str | None = None
     requester: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Finished:
+    """A handler's outcome: the task is done with ``result``; its follow-ups and waits commit
+    with it (see ``Store.finish``)."""
+
+    claim: Claim
+    result: Any = None
+    follow_ups: Sequence[FollowUp] = ()
+    waits: Sequence[OpenWait] = ()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Failed:
+    """A handler's outcome: the attempt failed (see ``Store.fail``)."""
+
+    claim: Claim
+    reason: str
+    retryable: bool = True
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Released:
+    """A handler's outcome: the task is handed back unfinished (see ``Store.release``)."""
+
+    claim: Claim
+    delay: float = 0.0
+
+
+#: What ``Store.settle`` takes: one handler's outcome per claim.
+Settlement = Finished | Failed | Released
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Settled:
+    """What ``Store.settle`` did with one outcome: committed (``state`` is the task's new
+    state, ``openings`` the waits a finish opened), or refused with ``error`` (``Fenced``,
+    ``WaitNotOpened``, ``InvalidInput``, a follow-up's ``PayloadCollision``, ...), in which
+    case nothing of it was written."""
+
+    task_id: str
+    state: TaskState | None = None
+    error: Exception | None = None
+    openings: tuple[WaitOpening, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """Whether the outcome committed."""
+        return self.error is None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

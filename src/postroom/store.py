@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from postroom import inbox, outbox, retention, status, tasks, transports, waits
+from postroom import inbox, outbox, retention, status, tasks, transitions, transports, waits
 from postroom.clock import Clock
 from postroom.db.database import Database, Tx
 from postroom.db.wakeups import REPLIES_CHANNEL, Waiter
@@ -31,15 +31,20 @@ from postroom.models import (
     DispatchReport,
     Envelope,
     ExpireResult,
+    Failed,
+    Finished,
     FollowUp,
     OpenWait,
     Outcome,
     Position,
+    Released,
     Reply,
     ReplyClaim,
     ReplyState,
     Requeue,
     Resumption,
+    Settled,
+    Settlement,
     SignalReceipt,
     Swept,
     Task,
@@ -244,11 +249,75 @@ class Store:
         the task keeps all of its ``max_attempts``. ``Fenced`` (nothing written) if the claim
         is no longer current, as for ``finish``.
         """
-        seconds = check_number(delay, "delay")
-        if not 0 <= seconds <= MAX_DELAY:
-            raise InvalidInput("delay", f"must be in 0..{MAX_DELAY:g} seconds, got {delay!r}")
+        check_claim(claim)
+        seconds = _delay(delay)
         self._db.write(tasks.RELEASE, lambda tx: tasks.release(
             tx, self._settings, claim, delay=seconds))
+
+    def settle(self, outcomes: Iterable[Settlement]) -> list[Settled]:
+        """Commit many handlers' outcomes (``Finished``, ``Failed``, ``Released``) in one
+        transaction: a worker's group commit, one fsync for all.
+
+        Each outcome is fenced and atomic on its own, exactly as ``finish``, ``fail`` or
+        ``release`` would apply it: one that is refused (its claim is not current, a wait
+        cannot open, a follow-up collides, an argument is invalid) is reported with its
+        error in its ``Settled``, writes nothing, and costs the others nothing. Returns one
+        ``Settled`` per outcome, in order, once the transaction committed; a failure of the
+        transaction itself (the database unavailable) raises, and then nothing committed.
+        """
+        prepared: dict[int, tasks.Settling] = {}
+        refused: dict[int, Settled] = {}
+        for index, outcome in enumerate(check_batch(outcomes, "outcomes")):
+            try:
+                prepared[index] = _indexed(index, self._settling, outcome, prefix="outcomes")
+            except (InvalidInput, Unauthorized) as exc:
+                claim = getattr(outcome, "claim", None)
+                refused[index] = Settled(task_id=getattr(claim, "task_id", ""), error=exc)
+        ordered = sorted(prepared)
+        done = (self._db.write(tasks.SETTLE, lambda tx: tasks.settle(
+            tx, self._settings, [prepared[index] for index in ordered])) if ordered else [])
+        refused.update(zip(ordered, done, strict=True))
+        return [refused[index] for index in range(len(refused))]
+
+    def _settling(self, outcome: object) -> tasks.Settling:
+        if isinstance(outcome, Finished):
+            claim = check_claim(outcome.claim)
+            result_json = check_json(outcome.result, "result", limits=self._settings.limits,
+                                     require_object=False)
+            return tasks.Settling(
+                claim=claim, message="task finished",
+                decide=lambda now: transitions.finish(result_json=result_json, now=now),
+                follow_ups=self._follow_ups(claim, check_batch(outcome.follow_ups,
+                                                               "follow_ups")),
+                opens=self._waits(claim, check_batch(outcome.waits, "waits")))
+        if isinstance(outcome, Failed):
+            claim = check_claim(outcome.claim)
+            reason = check_text(outcome.reason, "reason", max_bytes=4096)
+            retryable = check_bool(outcome.retryable, "retryable")
+            delay = self._settings.backoff.delay(claim.attempt, self._rng)
+            return tasks.Settling(claim=claim, message="task failed", decide=lambda now: (
+                transitions.fail(attempt=claim.attempt, max_attempts=claim.max_attempts,
+                                 retryable=retryable, reason=reason, now=now, delay=delay)))
+        if isinstance(outcome, Released):
+            claim = check_claim(outcome.claim)
+            seconds = _delay(outcome.delay)
+            return tasks.Settling(claim=claim, message="task released", decide=lambda now: (
+                transitions.release(now=now, delay=seconds)))
+        raise InvalidInput("outcome", f"must be Finished, Failed or Released, got "
+                                      f"{type(outcome).__name__}")
+
+    def renew_all(self, claims: Iterable[Claim], *,
+                  lease: float | None = None) -> list[Claim | Fenced]:
+        """Extend many claims' leases in one transaction (a worker renews all of its running
+        handlers together). One answer per claim, in order: the renewed claim, or the
+        ``Fenced`` that says why it is no longer current (nothing written for it)."""
+        checked = [check_claim(claim, f"claims[{index}]")
+                   for index, claim in enumerate(check_batch(claims, "claims"))]
+        seconds = self._lease(lease, self._settings.lease)
+        if not checked:
+            return []
+        return self._db.write(tasks.RENEW_ALL, lambda tx: tasks.renew_all(
+            tx, checked, lease=seconds))
 
     def cancel(self, task_id: str, *, reason: str = "cancelled") -> bool:
         """Cancel a pending or running task; ``False`` if it is already terminal."""
@@ -632,6 +701,13 @@ def _batch(envelopes: Iterable[Envelope], positions: Iterable[Position | None] |
     if len(places) != len(items):
         raise InvalidInput("positions", f"{len(places)} positions for {len(items)} envelopes")
     return items, places
+
+
+def _delay(delay: object) -> float:
+    seconds = check_number(delay, "delay")
+    if not 0 <= seconds <= MAX_DELAY:
+        raise InvalidInput("delay", f"must be in 0..{MAX_DELAY:g} seconds, got {delay!r}")
+    return seconds
 
 
 def _indexed(index: int, check: Any, *args: Any, prefix: str = "envelopes",

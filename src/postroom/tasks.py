@@ -9,15 +9,15 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from postroom import log, outbox, transitions, waits
 from postroom.db.database import NotAllApplied, Tx, Write
 from postroom.db.dialect import Row
-from postroom.errors import Fenced, NotFound, WaitNotOpened
+from postroom.errors import Fenced, NotFound, PostroomError, WaitNotOpened
 from postroom.inbox import store_message
-from postroom.models import Claim, OpenResult, TaskState, WaitOpening
+from postroom.models import Claim, OpenResult, Settled, TaskState, WaitOpening
 from postroom.settings import Settings
 from postroom.transitions import TaskDecision
 from postroom.validation import CheckedEnvelope
@@ -29,7 +29,10 @@ __all__ = [
     "FINISH",
     "RELEASE",
     "RENEW",
+    "RENEW_ALL",
+    "SETTLE",
     "SWEEP",
+    "Settling",
     "SweepCounts",
     "after",
     "apply",
@@ -42,6 +45,8 @@ __all__ = [
     "finish_all",
     "release",
     "renew",
+    "renew_all",
+    "settle",
     "sweep",
 ]
 
@@ -50,6 +55,10 @@ RENEW = Write("renew")
 FINISH = Write("finish")
 FAIL = Write("fail")
 RELEASE = Write("release")
+#: Many owners' outcomes committed together (a worker's group commit).
+SETTLE = Write("settle")
+#: Many claims' leases extended together.
+RENEW_ALL = Write("renew_all")
 CANCEL = Write("cancel")
 SWEEP = Write("sweep")
 
@@ -337,3 +346,81 @@ def cancel(tx: Tx, settings: Settings, task_id: str, *, reason: str) -> bool:
             return True
         # Lost a race with a claim or a sweep (possible where the database does not
         # serialize writers, e.g. PostgreSQL): decide again on what is there now.
+
+
+@dataclass(frozen=True, slots=True)
+class Settling:
+    """One outcome of ``settle``, validated: its claim, the decision to make at the
+    transaction's time, and what commits with it (a finish's follow-ups and waits)."""
+
+    claim: Claim
+    decide: Callable[[float], TaskDecision]
+    follow_ups: Sequence[CheckedEnvelope] = ()
+    opens: Sequence[waits.OpenRequest] = ()
+    message: str = "task settled"
+
+
+def settle(tx: Tx, settings: Settings, items: Sequence[Settling]) -> list[Settled]:
+    """Apply many owners' outcomes in one transaction, each fenced and atomic on its own.
+
+    An outcome with nothing to commit but its decision (and its reply) is applied by its own
+    guarded statement, all of them sent together; one whose claim is no longer current
+    matched nothing and wrote nothing, so it is only explained. An outcome with follow-ups or
+    waits runs in a savepoint, so whatever refuses it (a fence, a wait that cannot open, a
+    follow-up that collides) undoes it alone. No outcome costs another its commit.
+    """
+    now = tx.now
+    settled: dict[int, Settled] = {}
+    plain = [(index, item, item.decide(now)) for index, item in enumerate(items)
+             if not item.follow_ups and not item.opens]
+    rows = tx.one_each("task_apply_owned", [_owned(item.claim, decision, now)
+                                            for _, item, decision in plain])
+    for (index, item, decision), row in zip(plain, rows, strict=True):
+        if row is None:
+            refusal = fenced(tx, item.claim)
+            settled[index] = Settled(task_id=item.claim.task_id, error=refusal)
+            if refusal.decided_at is not None:
+                tx.wrote = True  # time refused it: keep that time, as a single call would
+            continue
+        after(tx, settings, row, decision)
+        _log_owned(tx, item.message, item.claim, decision)
+        settled[index] = Settled(task_id=item.claim.task_id, state=decision.to_state)
+    for index, item in enumerate(items):
+        if index in settled:
+            continue
+        decision = item.decide(now)
+        try:
+            with tx.savepoint():
+                _apply_owned(tx, settings, item.claim, decision)
+                for follow_up in item.follow_ups:
+                    store_message(tx, settings, follow_up)
+                openings = []
+                for request in item.opens:
+                    opening = waits.open_wait(tx, request)
+                    if opening.result is not OpenResult.OPENED:
+                        raise WaitNotOpened(opening)
+                    openings.append(opening)
+        except PostroomError as exc:
+            settled[index] = Settled(task_id=item.claim.task_id, error=exc)
+            continue
+        _log_owned(tx, item.message, item.claim, decision)
+        settled[index] = Settled(task_id=item.claim.task_id, state=decision.to_state,
+                                 openings=tuple(openings))
+    return [settled[index] for index in range(len(items))]
+
+
+def renew_all(tx: Tx, claims: Sequence[Claim], *, lease: float) -> list[Claim | Fenced]:
+    """Extend many claims' leases in one transaction (one guarded statement each, sent
+    together): the renewed claim, or why it is no longer current."""
+    rows = tx.one_each("task_renew", [{"lease_until": tx.now + lease, **_current(claim, tx.now)}
+                                      for claim in claims])
+    renewed: list[Claim | Fenced] = []
+    for claim, row in zip(claims, rows, strict=True):
+        if row is None:
+            refusal = fenced(tx, claim)
+            if refusal.decided_at is not None:
+                tx.wrote = True
+            renewed.append(refusal)
+        else:
+            renewed.append(replace(claim, lease_until=float(row["lease_until"])))
+    return renewed

@@ -240,6 +240,20 @@ class Finish(CommitCrash):
         world.dispatch()
 
 
+class Settle(Finish):
+    """A worker dies group-committing its result: the same all-or-nothing as ``finish``."""
+
+    def steps(self, world: World) -> Sequence[Call]:
+        return [call("claim", owner="w-dead"), call("settle", result=RESULT)]
+
+
+class RenewAll(Renew):
+    """A worker dies renewing its leases together: the same as one ``renew``."""
+
+    def steps(self, world: World) -> Sequence[Call]:
+        return [call("claim", owner="w-dead"), call("renew_all", at=20)]
+
+
 class Fail(CommitCrash):
     """A worker dies reporting a retryable failure; a committed one backs off 10 s."""
 
@@ -541,6 +555,8 @@ CRASHES: dict[str, Crash] = {
     **commits("renew", Renew),
     **commits("finish", Finish),
     **commits("fail", Fail),
+    **commits("settle", Settle),
+    **commits("renew_all", RenewAll),
     **commits("release", Release),
     **commits("cancel", Cancel),
     **commits("sweep", Sweep),

@@ -62,6 +62,23 @@ def _finish(ctx: Context, result: Any = None) -> None:
     ctx.store.finish(ctx.held, result)
 
 
+@step("settle")
+def _settle(ctx: Context, result: Any = None) -> list[str | None]:
+    """Finish the held claim through the group commit; each outcome's error, if any."""
+    settled = ctx.store.settle([postroom.Finished(claim=ctx.held, result=result)])
+    return [None if s.error is None else type(s.error).__name__ for s in settled]
+
+
+@step("renew_all")
+def _renew_all(ctx: Context) -> list[str | None]:
+    """Renew the held claim through the batch call, keeping the renewed claim."""
+    (renewed,) = ctx.store.renew_all([ctx.held])
+    if isinstance(renewed, postroom.Fenced):
+        return ["Fenced"]
+    ctx.claim = renewed
+    return [None]
+
+
 @step("fail")
 def _fail(ctx: Context, reason: str, retryable: bool = True) -> postroom.TaskState:
     return ctx.store.fail(ctx.held, reason, retryable=retryable)

@@ -5,15 +5,15 @@ import postroom
 PUBLIC = [
     "__version__", "Ack", "Attempt", "AttemptOutcome", "AuthContext", "BatchFailed", "Claim",
     "Clock", "Conflict", "Continuation", "ContinuationKind", "DeliveryError", "DispatchReport",
-    "Envelope", "ExpireResult", "ExponentialBackoff", "Fenced", "FixedBackoff", "FollowUp",
-    "InProcessTransport", "InvalidEnvelope", "InvalidInput", "Limits", "ManualClock", "NotFound",
-    "open_store", "OpenResult", "OpenWait", "Outcome", "OutcomeKind", "OutcomeUnknown", "Outgoing",
-    "PayloadCollision", "PermanentDeliveryError", "Position", "PostroomError", "Receiver",
-    "ReceiverAck", "Swept", "Reply", "ReplyClaim", "ReplyState", "Requeue", "ResumeResult",
-    "Resumption", "SchemaError", "Settings", "SignalReceipt", "SignalResult", "Store",
-    "StoreError", "StoreUnavailable", "SystemClock", "Task", "TaskState", "TaskStory",
-    "TransientDeliveryError", "Transport", "Unauthorized", "Wait", "WaitNotOpened", "Waiter",
-    "WaitOpening", "WaitState",
+    "Envelope", "ExpireResult", "Failed", "Finished", "ExponentialBackoff", "Fenced",
+    "FixedBackoff", "FollowUp", "InProcessTransport", "InvalidEnvelope", "InvalidInput", "Limits",
+    "ManualClock", "NotFound", "open_store", "OpenResult", "OpenWait", "Outcome", "OutcomeKind",
+    "OutcomeUnknown", "Outgoing", "PayloadCollision", "PermanentDeliveryError", "Position",
+    "PostroomError", "Receiver", "ReceiverAck", "Released", "Swept", "Reply", "ReplyClaim",
+    "ReplyState", "Requeue", "ResumeResult", "Resumption", "SchemaError", "Settings", "Settled",
+    "Settlement", "SignalReceipt", "SignalResult", "Store", "StoreError", "StoreUnavailable",
+    "SystemClock", "Task", "TaskState", "TaskStory", "TransientDeliveryError", "Transport",
+    "Unauthorized", "Wait", "WaitNotOpened", "Waiter", "WaitOpening", "WaitState",
 ]
 
 

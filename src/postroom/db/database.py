@@ -68,8 +68,8 @@ _MIGRATE = Write("migrate")
 class Tx:
     """One open transaction. Statements are run by query name with keyword parameters."""
 
-    __slots__ = ("_conn", "_dialect", "_queries", "channels", "events", "high_water", "now",
-                 "op", "tallies", "wrote")
+    __slots__ = ("_conn", "_dialect", "_queries", "_savepoints", "channels", "events",
+                 "high_water", "now", "op", "tallies", "wrote")
 
     def __init__(self, conn: Any, dialect: Dialect, op: Write | None) -> None:
         self._conn = conn
@@ -82,6 +82,39 @@ class Tx:
         self.channels: set[str] = set()
         self.tallies: dict[tuple[str, str, str], int] = {}
         self.events: list[tuple[logging.Logger, int, str, dict[str, object]]] = []
+        self._savepoints = 0
+
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """A part of this transaction that a failure undoes on its own.
+
+        If the block raises, what it wrote is rolled back to where it began (so are the
+        wake-ups, tallies and log records it announced) and the exception goes on; the rest of
+        the transaction stands and may still commit. A driver error inside the block arrives
+        translated into postroom's tree; one that ended the session (``StoreUnavailable``)
+        cannot be undone this way and fails the whole transaction.
+        """
+        self._savepoints += 1
+        name = f"postroom_part_{self._savepoints}"
+        marks = (set(self.channels), dict(self.tallies), len(self.events), self.wrote)
+        dialect = self._dialect
+        dialect.execute(self._conn, f"SAVEPOINT {name}", {})
+        try:
+            yield
+        except BaseException as exc:
+            translated = (dialect.translate(exc) if isinstance(exc, dialect.driver_error)
+                          else exc)
+            if isinstance(translated, StoreUnavailable):
+                raise translated from exc
+            dialect.execute(self._conn, f"ROLLBACK TO SAVEPOINT {name}", {})
+            dialect.execute(self._conn, f"RELEASE SAVEPOINT {name}", {})
+            self.channels, self.tallies = marks[0], marks[1]
+            del self.events[marks[2]:]
+            self.wrote = marks[3]
+            if translated is exc:
+                raise
+            raise translated from exc
+        dialect.execute(self._conn, f"RELEASE SAVEPOINT {name}", {})
 
     @property
     def backend(self) -> str:
