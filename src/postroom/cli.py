@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -225,3 +226,75 @@ def bench(quick: bool, only: tuple[str, ...], folder: Path | None,
         report.write(outcome, results)
         click.echo(f"wrote {results}", err=True)
     click.echo(json.dumps(outcome, indent=2))
+
+
+@main.command()
+@click.argument("url")
+@click.option("--import", "imports", multiple=True, required=True, metavar="MODULE[:NAME]",
+              help="Import MODULE and run its App (named app, or NAME); repeatable.")
+@click.option("--queue", "queues", multiple=True, metavar="QUEUE",
+              help="Claim from QUEUE (repeatable; default: every queue with a handler).")
+@click.option("--concurrency", type=click.IntRange(1, 1024), default=16, show_default=True,
+              help="Handlers run at once (threads, or tasks on one event loop for async).")
+@click.option("--prefetch", type=click.IntRange(0, 1024), default=0, show_default=True,
+              help="Tasks claimed beyond the free slots (their leases are renewed too).")
+@click.option("--lease", type=float, default=None, metavar="SECONDS",
+              help="Each claim's lease (default: the store's, 30).")
+@click.option("--grace", type=float, default=30.0, show_default=True, metavar="SECONDS",
+              help="On SIGTERM/SIGINT, how long running handlers get before the rest is "
+                   "released.")
+@click.option("--poll", type=float, default=1.0, show_default=True, metavar="SECONDS",
+              help="How long an idle worker waits for a wake-up before it looks anyway.")
+@click.option("--no-duties", is_flag=True,
+              help="Do not run the background duties (lease rescuer, deadline sweeper, wait "
+                   "timer, continuation runner, pruner).")
+@click.option("--owner", default=None, metavar="NAME",
+              help="The owner its claims are held under (default: host:pid:random).")
+def worker(url: str, *, imports: tuple[str, ...], queues: tuple[str, ...], concurrency: int,
+           prefetch: int, lease: float | None, grace: float, poll: float, no_duties: bool,
+           owner: str | None) -> None:
+    """Run the handlers of --import's App on the store at URL until SIGTERM or SIGINT.
+
+    Claims as many tasks as it has free slots in one transaction, wakes on new work,
+    renews all of its leases together and group-commits its handlers' outcomes. The first
+    SIGTERM or SIGINT stops claiming, gives running handlers --grace seconds and releases
+    the rest (never marking unfinished work done), then exits 143 (130); a second one
+    exits at once.
+    """
+    from postroom.runtime.handlers import App
+    from postroom.runtime.worker import Worker, WorkerSettings
+    from postroom.store import open_store
+
+    settings = WorkerSettings(queues=queues or None, concurrency=concurrency,
+                              prefetch=prefetch, lease=lease, grace=grace, poll=poll,
+                              duties=not no_duties, owner=owner)
+    app = App.load(*imports)
+    with open_store(url) as store:
+        running = Worker(store, app, settings)
+        _serve_until_signalled(running.run, running.stop,
+                               stopping=f"running handlers have {grace:g}s to end")
+
+
+def _serve_until_signalled(run: Any, stop: Any, *, stopping: str) -> None:
+    """Run ``run()``; the first SIGTERM/SIGINT calls ``stop()`` (then ``run`` returns and the
+    command exits 128 + the signal), a second one exits at once. Says so on stderr."""
+    received: list[int] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        if received:
+            os._exit(128 + signum)
+        received.append(signum)
+        name = signal.Signals(signum).name
+        sys.stderr.write(f"{name}: stopping ({stopping}); {name} again exits at once\n")
+        sys.stderr.flush()
+        stop()
+
+    previous = {signum: signal.signal(signum, on_signal)
+                for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        run()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if received:
+        sys.exit(128 + received[0])

@@ -326,26 +326,37 @@ class Store:
         return self._db.write(tasks.CANCEL, lambda tx: tasks.cancel(
             tx, self._settings, task_id, reason=reason))
 
-    def sweep(self) -> Swept:
+    def sweep(self, *, leases: bool = True, deadlines: bool = True) -> Swept:
         """Recover expired leases (tasks and deliveries) and expire passed deadlines.
 
-        Runs bounded sweeps (``sweep_limit`` records per transaction) until none is left.
+        Runs bounded sweeps (``sweep_limit`` records per transaction) until none is left;
+        ``leases=False`` or ``deadlines=False`` leaves that half to another sweeper. With
+        nothing to do it takes no write lock on SQLite (it looks first).
         """
+        check_bool(leases, "leases")
+        check_bool(deadlines, "deadlines")
         totals = Swept()
+
+        def due(tx: Tx) -> bool:
+            row = tx.one("sweep_due", now=tx.now, leases=int(leases), deadlines=int(deadlines))
+            return bool(row is not None and row["due"])
+
+        def once(tx: Tx) -> Swept:
+            counts = tasks.SweepCounts()
+            tasks.sweep(tx, self._settings, counts, leases=leases, deadlines=deadlines)
+            recovered, dead = (outbox.sweep_replies(tx, self._settings) if leases
+                               else (0, 0))
+            return Swept(leases_recovered=counts.recovered,
+                         attempts_exhausted=counts.exhausted,
+                         deadlines_expired=counts.deadlines_expired,
+                         deliveries_recovered=recovered, deliveries_dead=dead)
+
         while True:
-            step = self._db.write(tasks.SWEEP, self._sweep_once)
+            step = self._db.write_if(tasks.SWEEP, due, once, otherwise=Swept())
             totals = Swept(**{name: getattr(totals, name) + getattr(step, name)
-                                   for name in totals.__slots__})
+                              for name in totals.__slots__})
             if step.total == 0:
                 return totals
-
-    def _sweep_once(self, tx: Tx) -> Swept:
-        counts = tasks.SweepCounts()
-        tasks.sweep(tx, self._settings, counts)
-        recovered, dead = outbox.sweep_replies(tx, self._settings)
-        return Swept(leases_recovered=counts.recovered, attempts_exhausted=counts.exhausted,
-                          deadlines_expired=counts.deadlines_expired,
-                          deliveries_recovered=recovered, deliveries_dead=dead)
 
     def task(self, task_id: str) -> Task:
         """The task ``task_id`` as stored; ``NotFound`` if there is none."""
@@ -515,8 +526,9 @@ class Store:
         """Time out every due wait, ``sweep_limit`` per transaction; returns how many."""
         total = 0
         while True:
-            timed_out, seen = self._db.write(waits.EXPIRE_DUE, lambda tx: waits.expire_due(
-                tx, self._settings))
+            timed_out, seen = self._db.write_if(
+                waits.EXPIRE_DUE, lambda tx: tx.one("waits_due_any", now=tx.now) is not None,
+                lambda tx: waits.expire_due(tx, self._settings), otherwise=(0, 0))
             total += timed_out
             if seen < self._settings.sweep_limit:
                 return total
@@ -537,10 +549,13 @@ class Store:
         return self._db.write(waits.RESUME, lambda tx: waits.resume(
             tx, self._settings, address, checked))
 
-    def continuations(self, *, limit: int = 100) -> list[Continuation]:
-        """Unconsumed continuations, oldest first: after a restart, what is left to resume."""
+    def continuations(self, *, limit: int = 100, step: str | None = None) -> list[Continuation]:
+        """Unconsumed continuations, oldest first: after a restart, what is left to resume
+        (only those of waits at ``step``, if given)."""
         check_limit(limit)
-        return self._db.read(lambda tx: waits.continuations(tx, limit))
+        if step is not None:
+            check_text(step, "step", max_bytes=self._settings.limits.text_bytes)
+        return self._db.read(lambda tx: waits.continuations(tx, limit, step))
 
     def wait(self, flow: str, step: str, generation: int | None = None) -> Wait:
         """One wait generation as stored (the current one by default); ``NotFound`` if none."""

@@ -178,14 +178,17 @@ def fenced(tx: Tx, claim: Claim) -> Fenced:
     return Fenced(f"task {claim.task_id}", reason, decided_at=decided_at)
 
 
-def sweep(tx: Tx, settings: Settings, counts: SweepCounts) -> None:
-    """Recover expired leases and expire passed deadlines, at most ``sweep_limit`` of each.
+def sweep(tx: Tx, settings: Settings, counts: SweepCounts, *, leases: bool = True,
+          deadlines: bool = True) -> None:
+    """Recover expired leases and expire passed deadlines (either or both), at most
+    ``sweep_limit`` of each.
 
     Both reads walk the head of a partial index, so an idle sweep costs two index probes
     whatever the backlog.
     """
     now = tx.now
-    for row in tx.all("tasks_lease_expired", now=now, limit=settings.sweep_limit):
+    expired = tx.all("tasks_lease_expired", now=now, limit=settings.sweep_limit) if leases else []
+    for row in expired:
         decision = transitions.lease_expired(attempts=int(row["attempts"]),
                                              max_attempts=int(row["max_attempts"]), now=now)
         if apply(tx, settings, row["task_id"], decision, from_state=TaskState.RUNNING,
@@ -200,7 +203,9 @@ def sweep(tx: Tx, settings: Settings, counts: SweepCounts) -> None:
                    task_id=row["task_id"], owner=row["owner"], fence=int(row["fence"]),
                    attempt=int(row["attempts"]), state=decision.to_state.value,
                    last_error=decision.last_error)
-    for row in tx.all("tasks_deadline_passed", now=now, limit=settings.sweep_limit):
+    passed = (tx.all("tasks_deadline_passed", now=now, limit=settings.sweep_limit)
+              if deadlines else [])
+    for row in passed:
         state = TaskState(row["state"])
         decision = transitions.deadline_passed(state=state, deadline=float(row["deadline"]),
                                                now=now)

@@ -471,10 +471,11 @@ def _lock_slot(tx: Tx, flow: str, step: str) -> int:
 # -- reading ----------------------------------------------------------------------------------
 
 
-def continuations(tx: Tx, limit: int) -> list[Continuation]:
-    """Up to ``limit`` unconsumed continuations, oldest first."""
+def continuations(tx: Tx, limit: int, step: str | None = None) -> list[Continuation]:
+    """Up to ``limit`` unconsumed continuations (of waits at ``step``, if given), oldest
+    first."""
     return [Continuation.from_row(row) for row in tx.all("continuations_unconsumed",
-                                                         limit=limit)]
+                                                         limit=limit, step=step)]
 
 
 def get_wait(tx: Tx, flow: str, step: str, generation: int | None) -> Wait:

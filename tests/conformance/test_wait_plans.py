@@ -21,7 +21,7 @@ HEADS = ("USING INDEX waits_due", "USING INDEX wait_continuations_unconsumed")
 ADDRESS = {"flow": "f", "step": "s-17", "generation": 1}
 HOT_QUERIES = {
     "waits_due": {"now": START + 50, "limit": 100},
-    "continuations_unconsumed": {"limit": 100},
+    "continuations_unconsumed": {"limit": 100, "step": None},
     "wait_slot_lock": {"flow": "f", "step": "s-17"},
     "wait_get": ADDRESS,
     "wait_by_request": {"flow": "f", "step": "s-17", "request_id": "r"},

@@ -107,6 +107,12 @@ class Waiter:
         """The channels this waiter wakes for."""
         return self._channels
 
+    def interrupt(self) -> None:
+        """Make a ``wait`` in progress (or the next one) return ``True`` at once: for a loop
+        that is asked to stop while it waits. Every waiter of the store wakes; a wake-up is a
+        hint, so that costs them one look."""
+        self._hub.announce_all()
+
     def wait(self, timeout: float) -> bool:
         """Block until work may be available (``True``) or ``timeout`` seconds pass (``False``).
 

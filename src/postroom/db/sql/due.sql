@@ -13,6 +13,24 @@ SELECT ((SELECT available_at FROM tasks WHERE {claimable}
         OR (SELECT deadline FROM tasks WHERE state IN ({live_task_states}) AND deadline <= :now
             ORDER BY deadline LIMIT 1) IS NOT NULL) AS due
 
+-- name: sweep_due
+-- A task or delivery lease that ran out (:leases), or a live task past its deadline
+-- (:deadlines): what a sweep would do.
+SELECT ((:leases = 1 AND (SELECT lease_until FROM tasks
+                          WHERE state = 'running' AND lease_until <= :now
+                          ORDER BY lease_until LIMIT 1) IS NOT NULL)
+        OR (:leases = 1 AND (SELECT lease_until FROM replies
+                             WHERE state = 'sending' AND lease_until <= :now
+                             ORDER BY lease_until LIMIT 1) IS NOT NULL)
+        OR (:deadlines = 1 AND (SELECT deadline FROM tasks
+                                WHERE state IN ({live_task_states}) AND deadline <= :now
+                                ORDER BY deadline LIMIT 1) IS NOT NULL)) AS due
+
+-- name: waits_due_any
+-- A waiting wait whose deadline has come: what a sweep of due waits would time out.
+SELECT 1 AS due FROM waits WHERE state = 'waiting' AND deadline <= :now
+ORDER BY deadline, flow, step, generation LIMIT 1
+
 -- name: replies_due
 -- A reply due for delivery, or a delivery whose publisher's lease expired.
 SELECT ((SELECT available_at FROM replies WHERE state = 'pending' AND available_at <= :now

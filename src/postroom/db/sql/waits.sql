@@ -106,6 +106,7 @@ JOIN waits
   ON waits.flow = wait_continuations.flow AND waits.step = wait_continuations.step
  AND waits.generation = wait_continuations.generation
 WHERE wait_continuations.consumed_at IS NULL
+  AND (CAST(:step AS TEXT) IS NULL OR wait_continuations.step = :step)
 ORDER BY wait_continuations.created_at, wait_continuations.flow, wait_continuations.step,
          wait_continuations.generation
 LIMIT :limit

@@ -1,0 +1,279 @@
+"""Handlers: what runs a queue's tasks, what it is told, and how it ends.
+
+A handler is a plain function or an ``async def`` coroutine function taking the task's
+payload and a ``Context``. Its outcome is a value, never a side channel:
+
+- it returns: the task is done, with the returned value as its result (JSON), and what it
+  added to the context (follow-up tasks, a wait to open) commits in the same transaction;
+- it raises any exception: a retryable failure (retried after the backoff while attempts
+  remain);
+- it raises ``PermanentFailure``: the task fails for good;
+- it raises ``postroom.Fenced`` (or its claim is found fenced or cancelled while it runs):
+  the work is abandoned silently; whatever it would have committed is refused anyway.
+
+Resumers continue a flow after a wait ended: for a ``(flow, step)`` (or a step of any flow)
+the continuation runner calls the resumer with the ``Continuation`` and commits the
+``FollowUp`` it returns (or nothing, for ``None``) exactly once.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from postroom.errors import InvalidInput
+from postroom.models import Claim, Continuation, FollowUp, OpenWait
+from postroom.validation import DEFAULT_LIMITS, check_text
+
+__all__ = ["App", "Context", "Handler", "HandlerSpec", "PermanentFailure", "Resumer"]
+
+#: A queue's handler: ``handler(payload, ctx) -> result``, plain or ``async def``.
+Handler = Callable[[dict[str, Any], "Context"], Any]
+#: What continues a flow after one of its waits ended.
+Resumer = Callable[[Continuation], FollowUp | None]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class PermanentFailure(Exception):
+    """Raised by a handler: the task fails for good, whatever attempts remain."""
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerSpec:
+    """A registered handler: the queue it serves and whether it is a coroutine function."""
+
+    queue: str
+    function: Handler
+    is_async: bool
+
+
+class App:
+    """Handlers by queue, and resumers by wait step: what a worker runs.
+
+    ``postroom worker URL --import module`` imports ``module`` and runs its ``app`` (an
+    ``App`` named ``app``; ``--import module:name`` names another).
+    """
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, HandlerSpec] = {}
+        self._resumers: dict[tuple[str | None, str], Resumer] = {}
+
+    def handler(self, queue: str) -> Callable[[F], F]:
+        """Register the decorated function as ``queue``'s handler."""
+
+        def register(function: F) -> F:
+            self.add_handler(queue, function)
+            return function
+
+        return register
+
+    def add_handler(self, queue: str, function: Handler) -> None:
+        """Register ``function`` as ``queue``'s handler (one handler per queue)."""
+        name = check_text(queue, "queue", max_bytes=DEFAULT_LIMITS.text_bytes)
+        if not callable(function):
+            raise InvalidInput("handler", f"must be callable, got {type(function).__name__}")
+        if name in self._handlers:
+            raise InvalidInput("queue", f"{name!r} already has a handler")
+        self._handlers[name] = HandlerSpec(name, function,
+                                           inspect.iscoroutinefunction(function))
+
+    def resumer(self, step: str, *, flow: str | None = None) -> Callable[[F], F]:
+        """Register the decorated function to resume waits at ``step`` (of ``flow``, or of
+        any flow): it gets the ``Continuation`` and returns the ``FollowUp`` to enqueue, or
+        ``None`` to consume it with no follow-up."""
+
+        def register(function: F) -> F:
+            self.add_resumer(step, function, flow=flow)
+            return function
+
+        return register
+
+    def add_resumer(self, step: str, function: Resumer, *, flow: str | None = None) -> None:
+        """Register ``function`` to resume waits at ``step`` (of ``flow``, or of any)."""
+        limit = DEFAULT_LIMITS.text_bytes
+        key = (None if flow is None else check_text(flow, "flow", max_bytes=limit),
+               check_text(step, "step", max_bytes=limit))
+        if not callable(function):
+            raise InvalidInput("resumer", f"must be callable, got {type(function).__name__}")
+        if key in self._resumers:
+            raise InvalidInput("step", f"{step!r} already has a resumer"
+                                       + ("" if flow is None else f" for flow {flow!r}"))
+        self._resumers[key] = function
+
+    def include(self, other: App) -> None:
+        """Add every handler and resumer of ``other`` (none may be registered twice)."""
+        for spec in other._handlers.values():
+            self.add_handler(spec.queue, spec.function)
+        for (flow, step), function in other._resumers.items():
+            self.add_resumer(step, function, flow=flow)
+
+    @classmethod
+    def load(cls, *specs: str) -> App:
+        """The app of the modules ``specs`` name: ``module`` (its ``app``) or
+        ``module:name``, imported with the current directory on the import path (as
+        ``python -m`` would have it), merged into one."""
+        if not specs:
+            raise InvalidInput("import", "name at least one module to import")
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        merged = cls()
+        for spec in specs:
+            module_name, _, attribute = spec.partition(":")
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError as exc:
+                raise InvalidInput("import", f"cannot import {module_name!r}: {exc}") from exc
+            found = getattr(module, attribute or "app", None)
+            if not isinstance(found, App):
+                raise InvalidInput("import", f"{module_name!r} has no App named "
+                                             f"{attribute or 'app'!r}")
+            merged.include(found)
+        return merged
+
+    @property
+    def queues(self) -> tuple[str, ...]:
+        """The queues that have a handler, in registration order."""
+        return tuple(self._handlers)
+
+    def handler_for(self, queue: str) -> HandlerSpec | None:
+        """``queue``'s handler, if it has one."""
+        return self._handlers.get(queue)
+
+    def resumer_for(self, flow: str, step: str) -> Resumer | None:
+        """The resumer of a wait at ``(flow, step)``: one registered for that flow, else one
+        registered for the step of any flow."""
+        return self._resumers.get((flow, step)) or self._resumers.get((None, step))
+
+    @property
+    def steps(self) -> tuple[str, ...]:
+        """The wait steps that have a resumer (for some flow or for any)."""
+        return tuple(dict.fromkeys(step for _, step in self._resumers))
+
+
+class Context:
+    """What a handler is told about its task, and what it adds to its finish.
+
+    The task's identity and the claim's terms are read-only. ``spawn`` and ``open_wait``
+    collect follow-up tasks and a wait that commit in the same transaction as the task's
+    finish, and only if the handler returns. ``cancelled`` turns true when the worker learns
+    that the claim is no longer current (the task was cancelled, its lease taken over, its
+    deadline passed) or the worker is stopping past its grace period: a long handler should
+    look at it and stop; whatever it would commit is refused anyway.
+    """
+
+    def __init__(self, claim: Claim, cancellation: threading.Event | None = None) -> None:
+        self._claim = claim
+        self._cancellation = cancellation if cancellation is not None else threading.Event()
+        self._follow_ups: list[FollowUp] = []
+        self._waits: list[OpenWait] = []
+
+    @property
+    def claim(self) -> Claim:
+        """The claim the handler runs under (as first issued)."""
+        return self._claim
+
+    @property
+    def task_id(self) -> str:
+        """The task's stable identity."""
+        return self._claim.task_id
+
+    @property
+    def message_id(self) -> str:
+        """The sender's id of the message that made the task."""
+        return self._claim.message_id
+
+    @property
+    def queue(self) -> str:
+        """The task's queue."""
+        return self._claim.queue
+
+    @property
+    def attempt(self) -> int:
+        """Which attempt this is, from 1 (released attempts are given back)."""
+        return self._claim.attempt
+
+    @property
+    def max_attempts(self) -> int:
+        """How many attempts the task has in all."""
+        return self._claim.max_attempts
+
+    @property
+    def fence(self) -> int:
+        """The claim's fence: strictly increasing per task."""
+        return self._claim.fence
+
+    @property
+    def deadline(self) -> float:
+        """The task's absolute deadline (seconds since the epoch, the store's clock)."""
+        return self._claim.deadline
+
+    @property
+    def principal(self) -> str:
+        """The authenticated principal that sent the task (for a follow-up, its namespace)."""
+        return self._claim.principal
+
+    @property
+    def requester(self) -> str | None:
+        """Who the task's reply goes to: the principal that sent its chain's root."""
+        return self._claim.requester
+
+    @property
+    def correlation_id(self) -> str | None:
+        """The sender's correlation id, if it gave one."""
+        return self._claim.correlation_id
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether the handler should stop: its claim is no longer current (or the worker is
+        past its grace period)."""
+        return self._cancellation.is_set()
+
+    @property
+    def cancellation(self) -> threading.Event:
+        """The event behind ``cancelled``, to wait on (``ctx.cancellation.wait(timeout)``)."""
+        return self._cancellation
+
+    def spawn(self, message_id: str, payload: dict[str, Any], *, queue: str | None = None,
+              deadline: float | None = None, max_attempts: int = 3,
+              correlation_id: str | None = None) -> None:
+        """Create a follow-up task when this one finishes, in the same transaction.
+
+        Its identity comes from this task and ``message_id`` (a retry of this task makes the
+        same follow-up, never a second one); hops and parent are postroom's. Queue and
+        deadline default to this task's. Checked when the finish commits: a bad field
+        fails this attempt.
+        """
+        self._follow_ups.append(FollowUp(message_id=message_id, payload=payload, queue=queue,
+                                         deadline=deadline, max_attempts=max_attempts,
+                                         correlation_id=correlation_id))
+
+    def open_wait(self, flow: str, step: str, deadline: float, *,
+                  expected_generation: int = 0, request_id: str | None = None,
+                  responder: str | None = None) -> None:
+        """Open a wait when this task finishes, in the same transaction: the flow asks the
+        outside world and waits for the answer (a signal) until ``deadline``.
+
+        The wait's task is this one, so its resumer's follow-up is this task's child. If the
+        wait cannot open (its slot is not at ``expected_generation``, or still busy), the
+        finish commits nothing and the attempt fails, to be retried.
+        """
+        self._waits.append(OpenWait(flow=flow, step=step, deadline=deadline,
+                                    expected_generation=expected_generation,
+                                    request_id=request_id, responder=responder))
+
+    @property
+    def follow_ups(self) -> tuple[FollowUp, ...]:
+        """The follow-ups spawned so far."""
+        return tuple(self._follow_ups)
+
+    @property
+    def waits(self) -> tuple[OpenWait, ...]:
+        """The waits asked for so far."""
+        return tuple(self._waits)

@@ -1,0 +1,517 @@
+"""The worker: claims tasks, runs their handlers, keeps their leases, commits their outcomes.
+
+One worker is one owner of claims, with ``concurrency`` slots::
+
+    claimer  -- claims as many tasks as it has free slots, in one transaction; when none is
+                claimable it waits for a wake-up (LISTEN/NOTIFY on PostgreSQL, the watcher on
+                SQLite) and polls only as the fallback;
+    handlers -- plain functions run on a pool of ``concurrency`` threads, coroutine functions
+                on one event loop; a handler runs outside any transaction;
+    renewer  -- renews the leases of every claim it holds together (``Store.renew_all``) at a
+                fraction of the lease; a claim found fenced or cancelled is no longer renewed,
+                and its handler is told (``ctx.cancelled``; a coroutine is cancelled);
+    settler  -- group-commits the outcomes: what handlers end with meanwhile is committed
+                together (``Store.settle``), each outcome fenced and atomic on its own, so a
+                fenced one costs the others nothing; an outcome counts as durable only once
+                that commit returned;
+    duties   -- the lease rescuer, deadline sweeper, wait timer, continuation runner and
+                pruner (``postroom.runtime.duty``), unless turned off.
+
+Stopping (``stop()``, which the CLI calls on SIGTERM or SIGINT): no more claims; running
+handlers have ``grace`` seconds to end (their outcomes are committed as usual); then every
+claim still held is released (``Store.release``: handed back, its attempt given back, never
+marked done) and its handler told to stop. A handler that outlives its task's deadline is
+abandoned; the deadline sweeper expires the task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from postroom import log
+from postroom.db.wakeups import Waiter
+from postroom.errors import Fenced, InvalidInput, StoreError
+from postroom.models import Claim, Failed, Finished, Released, Settled, Settlement
+from postroom.runtime.continuations import ContinuationRunner
+from postroom.runtime.deadlines import DeadlineSweeper
+from postroom.runtime.duty import Duties, Duty, check_interval
+from postroom.runtime.handlers import App, Context, HandlerSpec, PermanentFailure
+from postroom.runtime.pruner import Pruner
+from postroom.runtime.rescuer import LeaseRescuer
+from postroom.runtime.wait_timer import WaitTimer
+from postroom.settings import check_lease
+from postroom.store import Store
+from postroom.validation import check_int, check_text
+
+__all__ = ["Worker", "WorkerSettings", "WorkerStats", "default_owner"]
+
+_log = log.get("worker")
+
+#: How much of a failure's text is kept as the task's error (the store takes up to 4 KiB).
+_REASON_CHARS = 1000
+
+
+def default_owner() -> str:
+    """``host:pid:random``: unique per worker process, readable in a task's story."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerSettings:
+    """How a worker runs. Checked when the worker is made.
+
+    The defaults are the fast path: claims, renewals and outcomes are batched, and batching
+    never weakens a guarantee (each outcome stays fenced and atomic on its own).
+    """
+
+    #: The queues to claim from; ``None``: every queue the app has a handler for.
+    queues: tuple[str, ...] | None = None
+    #: How many handlers run at once (threads for plain functions, tasks for coroutines).
+    concurrency: int = 16
+    #: How many tasks to claim beyond the free slots, to start the next ones without a
+    #: round trip (their leases are renewed like the running ones').
+    prefetch: int = 0
+    #: The lease of each claim, in seconds (``None``: the store's).
+    lease: float | None = None
+    #: Seconds between lease renewals (``None``: a third of the lease).
+    renew_every: float | None = None
+    #: Seconds the running handlers get to end once the worker is asked to stop.
+    grace: float = 30.0
+    #: The polling interval: how long an idle claimer waits for a wake-up before it looks.
+    poll: float = 1.0
+    #: The most outcomes committed in one transaction.
+    settle_batch: int = 500
+    #: Seconds the settler waits for more outcomes before it commits what it has (the
+    #: outcomes that arrive while a commit runs are committed together anyway).
+    linger: float = 0.0
+    #: Whether this worker runs the background duties.
+    duties: bool = True
+    #: The owner its claims are held under (``None``: ``default_owner()``).
+    owner: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.queues is not None and (isinstance(self.queues, str) or not all(
+                isinstance(name, str) for name in self.queues)):
+            raise InvalidInput("queues", "must be a tuple of queue names")
+        check_int(self.concurrency, "concurrency", low=1, high=1024)
+        check_int(self.prefetch, "prefetch", low=0, high=1024)
+        check_int(self.settle_batch, "settle_batch", low=1, high=10_000)
+        if self.lease is not None:
+            check_lease(self.lease)
+        if self.renew_every is not None:
+            check_interval(self.renew_every, "renew_every")
+        check_interval(self.poll, "poll")
+        for name in ("grace", "linger"):
+            value = getattr(self, name)
+            if type(value) not in (int, float) or not 0 <= value <= 86_400:
+                raise InvalidInput(name, f"must be a number of seconds in 0..86400, got "
+                                         f"{value!r}")
+        if self.owner is not None:
+            check_text(self.owner, "owner", max_bytes=128)
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    """What a worker did so far (counted once each outcome committed)."""
+
+    claimed: int = 0
+    done: int = 0
+    retried: int = 0
+    failed: int = 0
+    released: int = 0
+    abandoned: int = 0  # fenced, cancelled, or past the grace period
+    settle_commits: int = 0
+
+
+@dataclass(eq=False, slots=True)
+class _Held:
+    """A claim this worker holds, from its claim until its outcome committed."""
+
+    claim: Claim
+    cancellation: threading.Event = field(default_factory=threading.Event)
+    running: bool = False  # its handler was handed to a thread or the loop, and has not ended
+    ended: bool = False  # its handler ended: its outcome is on its way to the settler
+    abandoned: bool = False  # nothing it ends with is committed by this worker
+    task: asyncio.Task[Any] | None = None  # the coroutine's task, to cancel
+
+
+class Worker:
+    """Runs ``app``'s handlers on ``store``'s tasks (see the module docstring)."""
+
+    def __init__(self, store: Store, app: App, settings: WorkerSettings | None = None,
+                 *, duties: Sequence[Duty] | None = None) -> None:
+        self._store = store
+        self._app = app
+        self._settings = settings = settings if settings is not None else WorkerSettings()
+        self.owner = settings.owner or default_owner()
+        queues = settings.queues if settings.queues is not None else app.queues
+        if not queues:
+            raise InvalidInput("queues", "the app has no handler, and no queue was named")
+        missing = [name for name in queues if app.handler_for(name) is None]
+        if missing:
+            raise InvalidInput("queues", f"no handler for {', '.join(map(repr, missing))}")
+        self.queues = tuple(queues)
+        self._lease = settings.lease if settings.lease is not None else store.settings.lease
+        self._renew_every = (settings.renew_every if settings.renew_every is not None
+                             else self._lease / 3)
+        self.stats = WorkerStats()
+        self._lock = threading.Condition()
+        self._held: dict[str, _Held] = {}
+        self._running = 0  # handlers started and not ended
+        self._stopping = threading.Event()
+        self._outcomes: queue.SimpleQueue[tuple[_Held, Settlement] | None] = queue.SimpleQueue()
+        self._pool = ThreadPoolExecutor(max_workers=settings.concurrency,
+                                        thread_name_prefix="postroom-handler")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._threads: list[threading.Thread] = []
+        self._duties = Duties(duties if duties is not None else (
+            self._default_duties() if settings.duties else []))
+        self._settled = threading.Event()  # the settler ended
+        self._waiter: Waiter | None = None
+        self._loop_thread: threading.Thread | None = None
+
+    # -- running and stopping -----------------------------------------------------------------
+
+    def run(self) -> None:
+        """Run until ``stop()``: claim, run, renew and settle; then stop as the module says.
+
+        Returns once every outcome this worker committed is durable and every claim it still
+        held is released.
+        """
+        if any(spec.is_async for spec in map(self._app.handler_for, self.queues) if spec):
+            self._start_loop()
+        self._start(self._settle_loop, "settler")
+        self._start(self._renew_loop, "renewer")
+        self._duties.start()
+        log.event(_log, logging.INFO, f"worker started on {', '.join(self.queues)}",
+                  owner=self.owner)
+        try:
+            self._claim_loop()
+        finally:
+            self._shut_down()
+
+    def stop(self) -> None:
+        """Ask the worker to stop (thread-safe; safe to call from a signal handler)."""
+        self._stopping.set()
+        waiter = self._waiter
+        if waiter is not None:
+            waiter.interrupt()
+
+    @property
+    def stopping(self) -> bool:
+        """Whether ``stop()`` was called."""
+        return self._stopping.is_set()
+
+    def _shut_down(self) -> None:
+        grace_ends = time.monotonic() + self._settings.grace
+        with self._lock:
+            while self._running and time.monotonic() < grace_ends:
+                self._lock.wait(min(0.1, max(0.0, grace_ends - time.monotonic())))
+            unfinished = [held for held in self._held.values()
+                          if not held.ended and not held.abandoned]
+            for held in unfinished:
+                held.abandoned = True
+                self._cancel(held)
+        if unfinished:
+            log.event(_log, logging.INFO, f"stopping: releasing {len(unfinished)} unfinished "
+                                          f"claims", owner=self.owner)
+            for held in unfinished:
+                self._outcomes.put((held, Released(claim=held.claim)))
+        self._outcomes.put(None)  # the settler commits what is queued, then ends
+        self._settled.wait()
+        self._duties.stop()
+        for thread in self._threads:
+            thread.join(5.0)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._loop is not None:
+            self._stop_loop(self._loop)
+        log.event(_log, logging.INFO, "worker stopped", owner=self.owner)
+
+    # -- claiming -------------------------------------------------------------------------------
+
+    def _claim_loop(self) -> None:
+        settings = self._settings
+        waiter = self._waiter = self._store.waiter(self.queues)
+        failures = 0
+        while not self._stopping.is_set():
+            with self._lock:
+                free = settings.concurrency + settings.prefetch - len(self._held)
+                if free <= 0:
+                    self._lock.wait(settings.poll)
+                    continue
+            try:
+                claims = self._store.claim_batch(self.owner, free, queues=self.queues,
+                                                 lease=self._lease)
+            except StoreError as exc:
+                failures += 1
+                log.event(_log, logging.WARNING, "claim failed; trying again",
+                          owner=self.owner, last_error=f"{type(exc).__name__}: {exc}")
+                self._stopping.wait(min(5.0, 0.05 * 2 ** min(failures, 7)))
+                continue
+            failures = 0
+            if not claims:
+                waiter.wait(settings.poll)
+                continue
+            with self._lock:
+                self.stats.claimed += len(claims)
+                for claim in claims:
+                    self._held[claim.task_id] = _Held(claim)
+            for claim in claims:
+                self._begin(self._held[claim.task_id])
+
+    def _begin(self, held: _Held) -> None:
+        spec = self._app.handler_for(held.claim.queue)
+        assert spec is not None  # only the app's queues are claimed
+        with self._lock:
+            held.running = True
+            self._running += 1
+        if spec.is_async:
+            assert self._loop is not None
+            asyncio.run_coroutine_threadsafe(self._run_async(spec, held), self._loop)
+        else:
+            self._pool.submit(self._run_sync, spec, held)
+
+    # -- running handlers -----------------------------------------------------------------------
+
+    def _run_sync(self, spec: HandlerSpec, held: _Held) -> None:
+        if held.cancellation.is_set():  # fenced or released before it could start
+            self._ended_one(held, None)
+            return
+        ctx = Context(held.claim, held.cancellation)
+        try:
+            outcome = _outcome(held.claim, ctx, lambda: spec.function(held.claim.payload, ctx))
+        except BaseException:  # pragma: no cover - _outcome catches every Exception
+            outcome = None
+        self._ended_one(held, outcome)
+
+    async def _run_async(self, spec: HandlerSpec, held: _Held) -> None:
+        held.task = asyncio.current_task()
+        if held.cancellation.is_set():
+            self._ended_one(held, None)
+            return
+        ctx = Context(held.claim, held.cancellation)
+        try:
+            result = await spec.function(held.claim.payload, ctx)
+            outcome: Settlement | None = _outcome(held.claim, ctx, lambda: result)
+        except asyncio.CancelledError:
+            outcome = None  # cancelled because its claim is no longer current
+        except BaseException as exc:  # every failure is an outcome
+            outcome = _outcome(held.claim, ctx, _raiser(exc))
+        self._ended_one(held, outcome)
+
+    def _ended_one(self, held: _Held, outcome: Settlement | None) -> None:
+        with self._lock:
+            held.running = False
+            self._running -= 1
+            keep = outcome is not None and not held.abandoned and not held.cancellation.is_set()
+            if keep:
+                held.ended = True
+            else:
+                held.abandoned = True
+                self._held.pop(held.claim.task_id, None)
+                self.stats.abandoned += 1
+            self._lock.notify_all()
+        if keep:
+            assert outcome is not None
+            self._outcomes.put((held, outcome))
+
+    # -- settling -------------------------------------------------------------------------------
+
+    def _settle_loop(self) -> None:
+        try:
+            closing = False
+            while not closing:
+                first = self._outcomes.get()
+                if first is None:
+                    break
+                batch = [first]
+                linger_ends = time.monotonic() + self._settings.linger
+                while len(batch) < self._settings.settle_batch:
+                    try:
+                        timeout = linger_ends - time.monotonic()
+                        item = (self._outcomes.get(timeout=timeout) if timeout > 0
+                                else self._outcomes.get_nowait())
+                    except queue.Empty:
+                        break
+                    if item is None:
+                        closing = True
+                        break
+                    batch.append(item)
+                self._settle(batch)
+        finally:
+            self._settled.set()
+
+    def _settle(self, batch: list[tuple[_Held, Settlement]]) -> None:
+        failures = 0
+        while True:
+            try:
+                settled = self._store.settle([outcome for _, outcome in batch])
+                break
+            except StoreError as exc:
+                # Nothing committed (StoreUnavailable), or maybe it did (OutcomeUnknown): the
+                # same outcomes again are safe either way (a committed one is fenced now).
+                failures += 1
+                log.event(_log, logging.WARNING, "commit of outcomes failed; trying again",
+                          owner=self.owner, last_error=f"{type(exc).__name__}: {exc}")
+                if self._stopping.is_set() and failures > 5:
+                    return
+                time.sleep(min(5.0, 0.05 * 2 ** min(failures, 7)))
+        again: list[tuple[_Held, Settlement]] = []
+        with self._lock:
+            self.stats.settle_commits += 1
+            for (held, outcome), result in zip(batch, settled, strict=True):
+                follow = self._after_settle(held, outcome, result)
+                if follow is not None:
+                    again.append((held, follow))
+                    continue
+                self._held.pop(held.claim.task_id, None)
+            self._lock.notify_all()
+        for item in again:
+            self._outcomes.put(item)
+
+    def _after_settle(self, held: _Held, outcome: Settlement,
+                      result: Settled) -> Settlement | None:
+        """Count a committed outcome; for a refused one, what to commit instead (if
+        anything)."""
+        stats = self.stats
+        if result.ok:
+            if isinstance(outcome, Finished):
+                stats.done += 1
+            elif isinstance(outcome, Released):
+                stats.released += 1
+            elif result.state is not None and result.state.terminal:
+                stats.failed += 1
+            else:
+                stats.retried += 1
+            return None
+        error = result.error
+        if isinstance(error, Fenced):
+            stats.abandoned += 1
+            log.event(_log, logging.DEBUG, "outcome fenced: abandoned", task_id=held.claim.task_id,
+                      owner=self.owner, fence=held.claim.fence, last_error=str(error))
+            return None
+        if isinstance(outcome, Finished):
+            # The finish was refused as a whole (a result that is not JSON, a follow-up or a
+            # wait that cannot be): the attempt fails instead, for good when retrying cannot
+            # change it.
+            retryable = not isinstance(error, InvalidInput)
+            return Failed(claim=held.claim, retryable=retryable,
+                          reason=_reason(f"finish refused: {type(error).__name__}: {error}"))
+        stats.abandoned += 1
+        log.event(_log, logging.WARNING, "outcome refused: the lease will run out",
+                  task_id=held.claim.task_id, owner=self.owner, fence=held.claim.fence,
+                  last_error=f"{type(error).__name__}: {error}")
+        return None
+
+    # -- renewing -------------------------------------------------------------------------------
+
+    def _renew_loop(self) -> None:
+        while not self._settled.wait(self._renew_every):
+            with self._lock:
+                held = [h for h in self._held.values() if not h.abandoned]
+            if not held:
+                continue
+            try:
+                renewed = self._store.renew_all([h.claim for h in held], lease=self._lease)
+            except StoreError as exc:
+                log.event(_log, logging.WARNING, "lease renewal failed; trying again",
+                          owner=self.owner, last_error=f"{type(exc).__name__}: {exc}")
+                continue
+            now = self._store.clock.now()
+            with self._lock:
+                for item, answer in zip(held, renewed, strict=True):
+                    if isinstance(answer, Fenced) or item.claim.deadline <= now:
+                        # Cancelled, taken over, or past its deadline: stop renewing it and
+                        # tell its handler; nothing it ends with will be committed.
+                        item.abandoned = True
+                        self._cancel(item)
+                        if not item.running and not item.ended:
+                            self._held.pop(item.claim.task_id, None)
+                self._lock.notify_all()
+
+    def _cancel(self, held: _Held) -> None:
+        held.cancellation.set()
+        if held.task is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(held.task.cancel)
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _start(self, target: Callable[[], None], name: str) -> None:
+        thread = threading.Thread(target=target, name=f"postroom-{name}", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _start_loop(self) -> None:
+        loop = self._loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=loop.run_forever, daemon=True,
+                                             name="postroom-event-loop")
+        self._loop_thread.start()
+
+    def _stop_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        # Coroutines still running are past the grace period and their claims released:
+        # cancel them, let them unwind, then close the loop.
+        async def cancel_the_rest() -> None:
+            others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in others:
+                task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
+
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(cancel_the_rest(), loop).result(5.0)
+        loop.call_soon_threadsafe(loop.stop)
+        thread = self._loop_thread
+        if thread is not None:
+            thread.join(5.0)
+            if not thread.is_alive():
+                loop.close()
+
+    def _default_duties(self) -> list[Duty]:
+        store = self._store
+        duties: list[Duty] = [LeaseRescuer(store), DeadlineSweeper(store), WaitTimer(store),
+                              Pruner(store)]
+        if self._app.steps:
+            duties.append(ContinuationRunner(store, self._app))
+        return duties
+
+
+def _outcome(claim: Claim, ctx: Context, run: Callable[[], Any]) -> Settlement | None:
+    """What a handler's end means: a finish, a failure (permanent or retryable), or nothing
+    (``Fenced``: abandoned)."""
+    try:
+        result = run()
+    except PermanentFailure as exc:
+        return Failed(claim=claim, reason=_reason(_described(exc)), retryable=False)
+    except Fenced:
+        return None
+    except Exception as exc:
+        return Failed(claim=claim, reason=_reason(_described(exc)), retryable=True)
+    return Finished(claim=claim, result=result, follow_ups=ctx.follow_ups, waits=ctx.waits)
+
+
+def _raiser(exc: BaseException) -> Callable[[], Any]:
+    def run() -> Any:
+        raise exc
+
+    return run
+
+
+def _described(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _reason(text: str) -> str:
+    return text if len(text) <= _REASON_CHARS else text[:_REASON_CHARS - 1] + "…"
+

@@ -1,0 +1,283 @@
+"""SPEC §10: the worker runs handlers with leases renewed, outcomes group-committed, and a
+graceful stop that never marks unfinished work done."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+
+import pytest
+
+import postroom
+from postroom import TaskState
+from postroom.runtime import App, Context, PermanentFailure
+from postroom.runtime.worker import Worker, WorkerSettings
+from tests.runtime.support import FAST, PATIENCE, eventually, far, running, send, state
+
+RETRY_AT_ONCE = postroom.Settings(backoff=postroom.FixedBackoff(seconds=0.0))
+
+
+@pytest.fixture
+def quick_store(db_url):
+    with postroom.open_store(db_url, settings=RETRY_AT_ONCE) as opened:
+        yield opened
+
+
+def test_a_worker_runs_each_task_and_finishes_it_with_the_handlers_result(store):
+    app = App()
+    app.add_handler("default", lambda payload, ctx: {"double": payload["n"] * 2})
+    ids = [send(store, f"m-{n}", {"n": n}) for n in range(50)]
+    with running(store, app) as worker:
+        eventually(lambda: worker.stats.done == 50)
+    assert {state(store, task_id) for task_id in ids} == {TaskState.DONE}
+    assert store.task(ids[7]).result == {"double": 14}
+    assert store.reply(ids[7]).document["result"] == {"double": 14}
+
+
+def test_the_handler_is_told_the_tasks_identity_and_the_claims_terms(store):
+    seen: list[Context] = []
+    app = App()
+    app.add_handler("default", lambda payload, ctx: seen.append(ctx))
+    task_id = send(store, "m-1", correlation_id="order-7")
+    with running(store, app) as worker:
+        eventually(lambda: worker.stats.done == 1)
+    (ctx,) = seen
+    assert (ctx.task_id, ctx.message_id, ctx.attempt, ctx.fence, ctx.queue) == (
+        task_id, "m-1", 1, 1, "default")
+    assert (ctx.principal, ctx.requester, ctx.correlation_id) == ("planner", "planner",
+                                                                   "order-7")
+    assert not ctx.cancelled
+
+
+def test_an_exception_is_a_retryable_failure_and_the_task_runs_again(quick_store):
+    attempts: list[int] = []
+    app = App()
+
+    @app.handler("default")
+    def flaky(payload: dict[str, object], ctx: Context) -> str:
+        attempts.append(ctx.attempt)
+        if ctx.attempt < 3:
+            raise RuntimeError("not yet")
+        return "third time"
+
+    task_id = send(quick_store, "m-1", max_attempts=3)
+    with running(quick_store, app) as worker:
+        eventually(lambda: worker.stats.done == 1)
+    assert attempts == [1, 2, 3]
+    story = quick_store.story(task_id)
+    assert [a.error for a in story.attempts][:2] == ["RuntimeError: not yet"] * 2
+
+
+def test_attempts_exhausted_fail_the_task_with_its_last_error(quick_store):
+    app = App()
+    app.add_handler("default", lambda payload, ctx: 1 / 0)
+    task_id = send(quick_store, "m-1", max_attempts=2)
+    with running(quick_store, app) as worker:
+        eventually(lambda: worker.stats.failed == 1)
+    task = quick_store.task(task_id)
+    assert task.state == TaskState.FAILED and "ZeroDivisionError" in task.last_error
+
+
+def test_a_permanent_failure_fails_the_task_at_once(store):
+    app = App()
+
+    @app.handler("default")
+    def refuse(payload: dict[str, object], ctx: Context) -> None:
+        raise PermanentFailure("the address does not exist")
+
+    task_id = send(store, "m-1", max_attempts=3)
+    with running(store, app) as worker:
+        eventually(lambda: worker.stats.failed == 1)
+    task = store.task(task_id)
+    assert (task.state, task.attempts) == (TaskState.FAILED, 1)
+    assert task.last_error == "PermanentFailure: the address does not exist"
+
+
+def test_a_result_that_is_not_json_fails_the_task_for_good_naming_why(store):
+    app = App()
+    app.add_handler("default", lambda payload, ctx: {"when": object()})
+    task_id = send(store, "m-1")
+    with running(store, app) as worker:
+        eventually(lambda: worker.stats.failed == 1)
+    task = store.task(task_id)
+    assert task.state == TaskState.FAILED
+    assert "finish refused" in task.last_error and "result.when" in task.last_error
+
+
+def test_follow_ups_and_a_wait_commit_with_the_finish(store):
+    app = App()
+
+    @app.handler("default")
+    def ask(payload: dict[str, object], ctx: Context) -> str:
+        ctx.spawn("audit-log", {"from": ctx.task_id}, queue="audit")
+        ctx.open_wait("refund-1", "approval", far(), responder="alice")
+        return "asked"
+
+    task_id = send(store, "m-1")
+    with running(store, app) as worker:
+        eventually(lambda: worker.stats.done == 1)
+    child = store.claim("w", queues="audit")
+    assert child.payload == {"from": task_id}
+    wait = store.wait("refund-1", "approval")
+    assert (wait.task_id, wait.responder, wait.state) == (task_id, "alice", "waiting")
+
+
+def test_a_coroutine_handler_runs_on_the_event_loop(store):
+    app = App()
+
+    @app.handler("default")
+    async def fetch(payload: dict[str, object], ctx: Context) -> object:
+        await asyncio.sleep(0.01)
+        return payload["n"]
+
+    ids = [send(store, f"m-{n}", {"n": n}) for n in range(20)]
+    with running(store, app) as worker:
+        eventually(lambda: worker.stats.done == 20)
+    assert [store.task(task_id).result for task_id in ids] == list(range(20))
+
+
+def test_a_long_handlers_lease_is_renewed_so_nobody_takes_it_over(store):
+    release = threading.Event()
+    app = App()
+    app.add_handler("default", lambda payload, ctx: release.wait(PATIENCE))
+    task_id = send(store, "m-1")
+    settings = dataclasses.replace(FAST, lease=0.5, renew_every=0.1)
+    with running(store, app, settings) as worker:
+        eventually(lambda: state(store, task_id) == TaskState.RUNNING)
+        first = store.task(task_id).lease_until
+        eventually(lambda: store.task(task_id).lease_until > first + 0.3)
+        assert store.claim("other", lease=0.5) is None
+        release.set()
+        eventually(lambda: worker.stats.done == 1)
+    assert store.task(task_id).attempts == 1
+
+
+def test_a_cancelled_tasks_handler_is_told_and_its_outcome_is_not_committed(store):
+    noticed = threading.Event()
+    app = App()
+
+    @app.handler("default")
+    def long(payload: dict[str, object], ctx: Context) -> str:
+        noticed.set() if ctx.cancellation.wait(PATIENCE) else None
+        return "finished anyway"
+
+    task_id = send(store, "m-1")
+    settings = dataclasses.replace(FAST, renew_every=0.05)
+    with running(store, app, settings) as worker:
+        eventually(lambda: state(store, task_id) == TaskState.RUNNING)
+        store.cancel(task_id, reason="not needed")
+        assert noticed.wait(PATIENCE)
+        eventually(lambda: worker.stats.abandoned == 1)
+    assert store.task(task_id).state == TaskState.CANCELLED
+
+
+def test_a_coroutine_whose_task_was_cancelled_is_cancelled_too(store):
+    cancelled = threading.Event()
+    app = App()
+
+    @app.handler("default")
+    async def wait_forever(payload: dict[str, object], ctx: Context) -> None:
+        try:
+            await asyncio.sleep(PATIENCE)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    task_id = send(store, "m-1")
+    with running(store, app, dataclasses.replace(FAST, renew_every=0.05)):
+        eventually(lambda: state(store, task_id) == TaskState.RUNNING)
+        store.cancel(task_id)
+        assert cancelled.wait(PATIENCE)
+
+
+def test_stopping_lets_running_handlers_finish_within_the_grace_period(store):
+    started, finish = threading.Event(), threading.Event()
+    app = App()
+
+    @app.handler("default")
+    def slow(payload: dict[str, object], ctx: Context) -> str:
+        started.set()
+        finish.wait(PATIENCE)
+        return "done in time"
+
+    task_id = send(store, "m-1")
+    worker = Worker(store, app, dataclasses.replace(FAST, grace=PATIENCE))
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    assert started.wait(PATIENCE)
+    worker.stop()
+    finish.set()
+    thread.join(PATIENCE)
+    assert store.task(task_id).state == TaskState.DONE
+
+
+def test_stopping_releases_what_outlives_the_grace_period_with_its_attempt_given_back(store):
+    started = threading.Event()
+    app = App()
+
+    @app.handler("default")
+    def stuck(payload: dict[str, object], ctx: Context) -> str:
+        started.set()
+        ctx.cancellation.wait(PATIENCE)
+        return "too late"
+
+    task_id = send(store, "m-1")
+    worker = Worker(store, app, dataclasses.replace(FAST, grace=0.2))
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    assert started.wait(PATIENCE)
+    worker.stop()
+    thread.join(PATIENCE)
+    task = store.task(task_id)
+    assert (task.state, task.attempts, task.owner, task.last_error) == (
+        TaskState.PENDING, 0, None, None)
+    assert worker.stats.released == 1 and worker.stats.done == 0
+
+
+def test_an_outcome_whose_claim_was_taken_over_is_abandoned_silently(store):
+    started, finish = threading.Event(), threading.Event()
+    app = App()
+
+    @app.handler("default")
+    def slow(payload: dict[str, object], ctx: Context) -> str:
+        started.set()
+        finish.wait(PATIENCE)
+        return "stale"
+
+    task_id = send(store, "m-1")
+    # It never renews, and with its one slot taken it cannot claim the task back itself.
+    settings = dataclasses.replace(FAST, lease=0.2, renew_every=PATIENCE, concurrency=1)
+    with running(store, app, settings) as worker:
+        assert started.wait(PATIENCE)
+        eventually(lambda: store.task(task_id).lease_until < store.clock.now())
+        taker = store.claim("other")
+        finish.set()
+        eventually(lambda: worker.stats.abandoned == 1)
+    store.finish(taker, "current")
+    assert store.task(task_id).result == "current"
+
+
+def test_a_worker_wakes_when_work_arrives_instead_of_waiting_for_its_poll(store):
+    app = App()
+    app.add_handler("default", lambda payload, ctx: "ok")
+    settings = dataclasses.replace(FAST, poll=PATIENCE * 10)
+    with running(store, app, settings) as worker:
+        eventually(lambda: True)
+        send(store, "m-late")
+        eventually(lambda: worker.stats.done == 1)
+
+
+def test_a_queue_without_a_handler_is_refused_when_the_worker_is_made(store):
+    app = App()
+    app.add_handler("default", lambda payload, ctx: None)
+    with pytest.raises(postroom.InvalidInput, match="emails"):
+        Worker(store, app, WorkerSettings(queues=("default", "emails")))
+
+
+@pytest.mark.parametrize(("field", "value"), [("concurrency", 0), ("prefetch", -1),
+                                              ("grace", -1), ("poll", 0), ("lease", 0),
+                                              ("queues", "default")])
+def test_a_worker_setting_out_of_range_is_refused_naming_it(field, value):
+    with pytest.raises(postroom.InvalidInput, match=field):
+        WorkerSettings(**{field: value})
