@@ -576,6 +576,17 @@ class SignalReceipt:
     generation: int
     received_at: float
 
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any], *, result: SignalResult | None = None
+                 ) -> SignalReceipt:
+        """Build from a ``wait_receipts`` row: the outcome it stores is ``recorded``, and
+        ``result`` too unless the call that read it decided another (a replay, a conflict)."""
+        recorded = SignalResult(row["result"])
+        return cls(result=recorded if result is None else result, recorded=recorded,
+                   principal=row["principal"], event_id=row["event_id"], flow=row["flow"],
+                   step=row["step"], generation=int(row["generation"]),
+                   received_at=float(row["received_at"]))
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Resumption:
