@@ -26,6 +26,7 @@ __all__ = [
     "OutcomeKind",
     "Outgoing",
     "Position",
+    "QueueStatus",
     "ReceiverAck",
     "Reply",
     "ReplyClaim",
@@ -35,6 +36,7 @@ __all__ = [
     "Resumption",
     "SignalReceipt",
     "SignalResult",
+    "StoreStatus",
     "Swept",
     "Task",
     "TaskState",
@@ -670,3 +672,38 @@ class Continuation:
             created_at=float(row["created_at"]),
             consumed_at=None if row["consumed_at"] is None else float(row["consumed_at"]),
         )
+
+
+# -- reading: the store's status ----------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class QueueStatus:
+    """One queue's work, stage by stage; the stages are never folded into one "ok".
+
+    ``received`` tasks are pending (waiting to be claimed, now or after a backoff) and
+    ``processing`` ones running. ``outcomes`` counts, for every terminal task state, the tasks
+    that ever reached it (cumulative since the store began: pruning does not take them back).
+    ``deliveries`` counts replies by delivery state: ``pending``, ``sending`` and ``dead`` as
+    they are now, ``sent`` cumulative like the outcomes. ``oldest_pending_age`` is how long
+    the next claimable task has been claimable (seconds; ``None`` when none is).
+    """
+
+    queue: str
+    received: int
+    processing: int
+    outcomes: dict[TaskState, int]
+    deliveries: dict[ReplyState, int]
+    oldest_pending_age: float | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StoreStatus:
+    """What a store holds, read in one snapshot at ``at``: every queue that has live work or
+    any history (by name), the open waits, the dead replies (all queues) and the
+    continuations still to resume."""
+
+    at: float
+    queues: dict[str, QueueStatus]
+    open_waits: int
+    dead_replies: int
+    continuations_unconsumed: int

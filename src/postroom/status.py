@@ -1,21 +1,40 @@
-"""What a store holds, as its readers see it: one task, reply or story; ``postroom info``
-(settings, schema, counts, durability).
+"""What a store holds, as its readers see it: one task, reply or story; the store's status,
+stage by stage; ``postroom info`` (settings, schema, counts, durability).
 
 Nothing here writes; each function takes a reading transaction.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from postroom import retention
 from postroom.db import Tx
 from postroom.errors import NotFound
-from postroom.models import Attempt, Reply, Requeue, Task, TaskStory, Wait
+from postroom.models import (
+    Attempt,
+    QueueStatus,
+    Reply,
+    ReplyState,
+    Requeue,
+    StoreStatus,
+    Task,
+    TaskState,
+    TaskStory,
+    Wait,
+)
 from postroom.settings import Settings
 from postroom.transitions import reply_id_for
 
-__all__ = ["info", "reply", "requeues", "story", "task"]
+__all__ = [
+    "info",
+    "reply",
+    "requeues",
+    "store_status",
+    "story",
+    "task",
+]
 
 
 def task(tx: Tx, task_id: str) -> Task:
@@ -94,3 +113,43 @@ def info(tx: Tx, settings: Settings, *, schema_version: int, settings_from: str
 
 def _counts(tx: Tx, query: str) -> dict[str, int]:
     return {row["state"]: int(row["n"]) for row in tx.all(query)}
+
+
+# -- the store's status -------------------------------------------------------------------------
+
+
+def store_status(tx: Tx) -> StoreStatus:
+    """Every queue's work stage by stage, the open waits, the dead replies and the
+    continuations left to resume, in one snapshot.
+
+    Live counts walk the partial indexes of live rows and outcomes come from the cumulative
+    counts, so the cost follows the live work and the number of queues, not the history.
+    """
+    counts: dict[str, dict[tuple[str, str], int]] = {}
+    dead = 0
+    for row in (*tx.all("status_live_counts"), *tx.all("status_cumulative_counts")):
+        kind, state, n = row["kind"], row["state"], int(row["n"])
+        if (kind, state) == ("reply", ReplyState.DEAD.value):
+            dead += n
+        if row["queue"] is not None:  # a reply written before replies knew their queue
+            of_queue = counts.setdefault(row["queue"], {})
+            of_queue[kind, state] = of_queue.get((kind, state), 0) + n
+    waits = {row["name"]: int(row["n"]) for row in tx.all("status_wait_counts")}
+    return StoreStatus(
+        at=tx.now, queues={queue: _queue_status(tx, queue, counts[queue])
+                           for queue in sorted(counts)},
+        open_waits=waits.get("open_waits", 0), dead_replies=dead,
+        continuations_unconsumed=waits.get("continuations_unconsumed", 0))
+
+
+def _queue_status(tx: Tx, queue: str, counts: Mapping[tuple[str, str], int]) -> QueueStatus:
+    received = counts.get(("task", TaskState.PENDING.value), 0)
+    # The head of the queue as a claim would take it (the same query, so the same rule).
+    head = tx.one("claim_head", queue=queue, now=tx.now) if received else None
+    return QueueStatus(
+        queue=queue, received=received,
+        processing=counts.get(("task", TaskState.RUNNING.value), 0),
+        outcomes={state: counts.get(("task", state.value), 0)
+                  for state in TaskState if state.terminal},
+        deliveries={state: counts.get(("reply", state.value), 0) for state in ReplyState},
+        oldest_pending_age=None if head is None else tx.now - float(head["available_at"]))

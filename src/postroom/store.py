@@ -41,6 +41,7 @@ from postroom.models import (
     Requeue,
     Resumption,
     SignalReceipt,
+    StoreStatus,
     Swept,
     Task,
     TaskState,
@@ -449,6 +450,19 @@ class Store:
         if generation is not None:
             waits.check_address(self._settings, flow, step, generation)
         return self._db.read(lambda tx: waits.get_wait(tx, flow, step, generation))
+
+    # -- reading: the store's status ------------------------------------------------------------
+
+    def status(self) -> StoreStatus:
+        """Every queue's work stage by stage, read in one snapshot: tasks received (pending)
+        and processing (running), their outcomes, their replies' delivery; plus the open
+        waits, the dead replies and the continuations left to resume.
+
+        Outcomes and sent replies are cumulative since the store began (pruning keeps
+        them); the rest is counted as it is now. The cost follows the live work and the
+        number of queues, never the history.
+        """
+        return self._db.read(status.store_status)
 
     # -- housekeeping ---------------------------------------------------------------------------
 
