@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 __all__ = [
     "Ack",
@@ -25,6 +25,7 @@ __all__ = [
     "Outcome",
     "OutcomeKind",
     "Outgoing",
+    "Page",
     "Position",
     "QueueStatus",
     "ReceiverAck",
@@ -674,7 +675,24 @@ class Continuation:
         )
 
 
-# -- reading: the store's status ----------------------------------------------------------------
+# -- reading: the store's status and its listings -----------------------------------------------
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Page(Generic[T]):
+    """One page of a listing, in the listing's order.
+
+    ``next_cursor`` continues the listing after the last item (pass it back as ``cursor=``
+    with the same filters), or is ``None`` when this page is the last. Pages follow a key,
+    not an offset: a record written between two pages never shifts the next one, so none is
+    seen twice. A cursor is opaque and carries the listing and filters that made it.
+    """
+
+    items: list[T]
+    next_cursor: str | None
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class QueueStatus:

@@ -1,5 +1,5 @@
-"""The status reads live rows through their partial indexes, whatever the history: no scan
-of a whole table.
+"""The status and the listings read live rows through their partial indexes, whatever the
+history: no scan of a whole table, no sort of the backlog.
 
 The plans are read from the database itself (``EXPLAIN``) on a store that has worked for a
 while: most tasks done and their replies sent, some dead, a backlog, a few running, waits
@@ -8,6 +8,7 @@ open and ended.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,7 +39,8 @@ PENDING_REPLIES, SENDING_REPLIES, DEAD_REPLIES = 50, 10, 40
 
 #: The tables whose size follows the history; every read of them must go through an index.
 HISTORY_TABLES = ("tasks", "replies", "waits", "wait_continuations")
-LIVE_TASKS = {"tasks_claimable", "tasks_running_leases", "tasks_live_deadlines"}
+LIVE_TASKS = {"tasks_claimable", "tasks_running_leases", "tasks_live_deadlines",
+              "tasks_pending_by_created"}
 LIVE_REPLIES = {"replies_ready", "replies_sending_leases", "replies_dead"}
 
 
@@ -54,6 +56,26 @@ class Read:
     sorts: bool = False
 
 
+def page(**params: object) -> dict[str, object]:
+    """Parameters of a task page: the first page, no filters, unless told."""
+    return {"upper_created": math.inf, "upper_task": "", "lower_created": -math.inf,
+            "queue": None, "principal": None, "limit": 101, **params}
+
+
+NEXT = {"upper_created": START + 3, "upper_task": "8" * 64}  # a later page's bound
+
+
+def second_page(**filters: object) -> Callable[[postroom.Store], dict[str, object]]:
+    """Parameters of the second page of the tasks ``filters`` select, as the store has them."""
+
+    def params(store: postroom.Store) -> dict[str, object]:
+        last = store.list_tasks(limit=100, **filters).items[-1]  # type: ignore[arg-type]
+        return page(upper_created=last.created_at, upper_task=last.task_id,
+                    queue=filters.get("queue"))
+
+    return params
+
+
 READS = {
     # Grouping live rows by queue may sort them: they are the live rows only.
     "status_live_counts": Read("status_live_counts", {}, "tasks_running_leases",
@@ -62,6 +84,28 @@ READS = {
     "status_wait_counts": Read("status_wait_counts", {}, "wait_continuations_unconsumed",
                                frozenset({"waits_due", "waits_one_waiting",
                                           "wait_continuations_unconsumed"})),
+    "tasks_page": Read("tasks_page", page(state=None), "tasks_by_created"),
+    "tasks_page next": Read("tasks_page", page(state=None, **NEXT), "tasks_by_created"),
+    "tasks_page done": Read("tasks_page", page(state="done"), "tasks_by_created"),
+    "tasks_page queue": Read("tasks_page", page(state=None, queue="other", **NEXT),
+                             "tasks_by_created"),
+    "tasks_page_pending": Read("tasks_page_pending", page(), "tasks_pending_by_created"),
+    "tasks_page_pending queue": Read("tasks_page_pending",
+                                     second_page(state="pending", queue="other"),
+                                     "tasks_pending_by_created"),
+    # The running tasks are one per claim held: ordering them is not ordering the backlog.
+    "tasks_page_running": Read("tasks_page_running", page(**NEXT), "tasks_running_leases",
+                               sorts=True),
+    "waits_page": Read("waits_page", {"due_before": math.inf, "after_deadline": -math.inf,
+                                      "after_flow": "", "after_step": "",
+                                      "after_generation": 0, "limit": 101}, "waits_due"),
+    "waits_page due": Read("waits_page", {"due_before": START + 103,
+                                          "after_deadline": START + 101, "after_flow": "f",
+                                          "after_step": "s-7", "after_generation": 1,
+                                          "limit": 101}, "waits_due"),
+    "replies_dead_page": Read("replies_dead_page", {"after_updated": -math.inf,
+                                                    "after_reply": "", "limit": 101},
+                              "replies_dead"),
 }
 
 _SQLITE_READ = re.compile(r"^(?:SCAN|SEARCH) (\w+)(?: AS \w+)?"
@@ -217,7 +261,8 @@ def test_status_reads_only_live_rows_of_tasks_and_replies(populated):
     lines = explain(populated, "status_live_counts", {})
     walked, _ = indexes_walked(database_of(populated).dialect.name, lines)
     assert {"replies_sending_leases", "replies_dead"} <= walked, "\n".join(lines)
-    assert walked & {"tasks_claimable", "tasks_live_deadlines"}, "\n".join(lines)
+    assert walked & {"tasks_claimable", "tasks_live_deadlines", "tasks_pending_by_created"}, (
+        "\n".join(lines))
 
 
 def test_the_wait_counts_pass_the_wait_plan_rules(populated):

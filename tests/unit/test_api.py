@@ -14,8 +14,8 @@ PUBLIC = [
     "StoreError", "StoreUnavailable", "SystemClock", "Task", "TaskState", "TaskStory",
     "TransientDeliveryError", "Transport", "Unauthorized", "Wait", "WaitNotOpened", "Waiter",
     "WaitOpening", "WaitState",
-    # reading: the store's status
-    "QueueStatus", "StoreStatus",
+    # reading: the store's status and its listings
+    "Page", "QueueStatus", "StoreStatus",
 ]
 
 
