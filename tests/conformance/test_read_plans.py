@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 import pytest
+from psycopg.sql import Literal
 
 import postroom
 from postroom import Outcome, waits
@@ -255,6 +256,51 @@ def test_a_read_walks_the_index_of_its_rows_and_no_whole_table(populated, name):
         assert walked <= read.allowed, shown
     if not read.sorts:
         assert sorts(dialect, lines) == [], shown
+
+
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+#: The types psycopg gives these Python values when it binds them (``None``: unknown, text).
+_TYPES = {float: "double precision", int: "bigint", str: "text", type(None): "text"}
+
+
+def prepared_plan(store: postroom.Store, query: str, params: dict[str, object]) -> list[str]:
+    """The plan PostgreSQL gives ``query`` prepared with ``$n`` parameters, after it ran ten
+    times (past the five custom plans it makes before it may switch to a generic one)."""
+    dialect = database_of(store).dialect
+    order: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in order:
+            order.append(match.group(1))
+        return f"${order.index(match.group(1)) + 1}"
+
+    sql = _PLACEHOLDER.sub(number, dialect.queries[query].sql).replace("%%", "%")
+    types = ", ".join(_TYPES[type(params[key])] for key in order)
+    values = ", ".join("NULL" if params[key] is None else
+                       f"'{params[key]}'::float8" if params[key] in (math.inf, -math.inf)
+                       else Literal(params[key]).as_string() for key in order)
+    with dialect.connection() as conn:
+        dialect.begin(conn, write=False)
+        dialect.execute(conn, f"PREPARE read_plan ({types}) AS {sql}", None)
+        for _ in range(10):
+            dialect.execute(conn, f"EXECUTE read_plan({values})", None).fetchall()
+        rows = dialect.execute(conn, f"EXPLAIN EXECUTE read_plan({values})", None).fetchall()
+        dialect.rollback(conn)  # a PREPARE inside a rolled-back transaction goes with it
+    return [str(row["QUERY PLAN"]) for row in rows]
+
+
+# Only PostgreSQL switches a prepared statement to a plan made for any parameter values.
+@pytest.mark.parametrize("populated", [name for name in backends() if name == "postgres"],
+                         indirect=True)
+@pytest.mark.parametrize("name", sorted(name for name, read in READS.items() if read.params))
+def test_a_prepared_read_keeps_walking_its_index(populated, name):
+    read = READS[name]
+    lines = prepared_plan(populated, read.query,
+                          read.params(populated) if callable(read.params) else read.params)
+    walked, whole = indexes_walked("postgres", lines)
+    assert whole == [] and read.walks in walked, "\n".join(lines)
+    if not read.sorts:
+        assert sorts("postgres", lines) == [], "\n".join(lines)
 
 
 def test_status_reads_only_live_rows_of_tasks_and_replies(populated):
