@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 __all__ = [
     "Ack",
@@ -27,7 +27,9 @@ __all__ = [
     "Outcome",
     "OutcomeKind",
     "Outgoing",
+    "Page",
     "Position",
+    "QueueStatus",
     "ReceiverAck",
     "Released",
     "Reply",
@@ -40,6 +42,7 @@ __all__ = [
     "Settlement",
     "SignalReceipt",
     "SignalResult",
+    "StoreStatus",
     "Swept",
     "Task",
     "TaskState",
@@ -631,6 +634,17 @@ class SignalReceipt:
     generation: int
     received_at: float
 
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any], *, result: SignalResult | None = None
+                 ) -> SignalReceipt:
+        """Build from a ``wait_receipts`` row: the outcome it stores is ``recorded``, and
+        ``result`` too unless the call that read it decided another (a replay, a conflict)."""
+        recorded = SignalResult(row["result"])
+        return cls(result=recorded if result is None else result, recorded=recorded,
+                   principal=row["principal"], event_id=row["event_id"], flow=row["flow"],
+                   step=row["step"], generation=int(row["generation"]),
+                   received_at=float(row["received_at"]))
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Resumption:
@@ -714,3 +728,55 @@ class Continuation:
             created_at=float(row["created_at"]),
             consumed_at=None if row["consumed_at"] is None else float(row["consumed_at"]),
         )
+
+
+# -- reading: the store's status and its listings -----------------------------------------------
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Page(Generic[T]):
+    """One page of a listing, in the listing's order.
+
+    ``next_cursor`` continues the listing after the last item (pass it back as ``cursor=``
+    with the same filters), or is ``None`` when this page is the last. Pages follow a key,
+    not an offset: a record written between two pages never shifts the next one, so none is
+    seen twice. A cursor is opaque and carries the listing and filters that made it.
+    """
+
+    items: list[T]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class QueueStatus:
+    """One queue's work, stage by stage; the stages are never folded into one "ok".
+
+    ``received`` tasks are pending (waiting to be claimed, now or after a backoff) and
+    ``processing`` ones running. ``outcomes`` counts, for every terminal task state, the tasks
+    that ever reached it (cumulative since the store began: pruning does not take them back).
+    ``deliveries`` counts replies by delivery state: ``pending``, ``sending`` and ``dead`` as
+    they are now, ``sent`` cumulative like the outcomes. ``oldest_pending_age`` is how long
+    the next claimable task has been claimable (seconds; ``None`` when none is).
+    """
+
+    queue: str
+    received: int
+    processing: int
+    outcomes: dict[TaskState, int]
+    deliveries: dict[ReplyState, int]
+    oldest_pending_age: float | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StoreStatus:
+    """What a store holds, read in one snapshot at ``at``: every queue that has live work or
+    any history (by name), the open waits, the dead replies (all queues) and the
+    continuations still to resume."""
+
+    at: float
+    queues: dict[str, QueueStatus]
+    open_waits: int
+    dead_replies: int
+    continuations_unconsumed: int

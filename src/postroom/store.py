@@ -36,6 +36,7 @@ from postroom.models import (
     FollowUp,
     OpenWait,
     Outcome,
+    Page,
     Position,
     Released,
     Reply,
@@ -46,12 +47,14 @@ from postroom.models import (
     Settled,
     Settlement,
     SignalReceipt,
+    StoreStatus,
     Swept,
     Task,
     TaskState,
     TaskStory,
     Wait,
     WaitOpening,
+    WaitState,
 )
 from postroom.settings import Settings, check_lease, check_retention
 from postroom.transports import Transport
@@ -565,6 +568,62 @@ class Store:
         if generation is not None:
             waits.check_address(self._settings, flow, step, generation)
         return self._db.read(lambda tx: waits.get_wait(tx, flow, step, generation))
+
+    # -- reading: the store's status and its listings -------------------------------------------
+
+    def status(self) -> StoreStatus:
+        """Every queue's work stage by stage, read in one snapshot: tasks received (pending)
+        and processing (running), their outcomes, their replies' delivery; plus the open
+        waits, the dead replies and the continuations left to resume.
+
+        Outcomes and sent replies are cumulative since the store began (pruning keeps
+        them); the rest is counted as it is now. The cost follows the live work and the
+        number of queues, never the history.
+        """
+        return self._db.read(status.store_status)
+
+    def list_tasks(self, *, state: TaskState | str | None = None, queue: str | None = None,
+                   principal: str | None = None, created_after: float | None = None,
+                   created_before: float | None = None, limit: int = 100,
+                   cursor: str | None = None) -> Page[Task]:
+        """A page of tasks, newest first (by ``created_at``, then ``task_id``).
+
+        Filters combine: a ``state`` (a ``TaskState``, its value or its name), a ``queue``,
+        the ``principal`` that sent them, and ``created_after`` / ``created_before``
+        (exclusive). ``limit`` is 1..1000. Pass a page's ``next_cursor`` as ``cursor`` with
+        the same filters for the next page; another listing's cursor, or other filters, is
+        ``InvalidInput`` naming ``cursor``.
+        """
+        request = status.check_task_listing(
+            self._settings, state=state, queue=queue, principal=principal,
+            created_after=created_after, created_before=created_before, limit=limit,
+            cursor=cursor)
+        return self._db.read(lambda tx: status.list_tasks(tx, request))
+
+    def list_waits(self, *, state: WaitState | str = WaitState.WAITING,
+                   due_before: float | None = None, limit: int = 100,
+                   cursor: str | None = None) -> Page[Wait]:
+        """A page of open (waiting) wait generations, earliest deadline first, those due
+        before ``due_before`` (exclusive) if given. Ended generations are not listed: read
+        one with ``wait``. Cursors as for ``list_tasks``."""
+        request = status.check_wait_listing(state=state, due_before=due_before, limit=limit,
+                                            cursor=cursor)
+        return self._db.read(lambda tx: status.list_waits(tx, request))
+
+    def list_dead_replies(self, *, limit: int = 100,
+                          cursor: str | None = None) -> Page[Reply]:
+        """A page of dead replies, the longest dead first: what waits for an operator's
+        ``requeue_reply``. Cursors as for ``list_tasks``."""
+        request = status.check_dead_reply_listing(limit=limit, cursor=cursor)
+        return self._db.read(lambda tx: status.list_dead_replies(tx, request))
+
+    def receipt(self, principal: AuthContext | str, event_id: str) -> SignalReceipt | None:
+        """The stored receipt of ``principal``'s signal ``event_id`` (an ``AuthContext``, or
+        a principal's name for an operator's look), or ``None`` if there is none. Its
+        ``result`` and ``recorded`` are both the outcome stored."""
+        name = status.check_principal(self._settings, principal)
+        checked = check_text(event_id, "event_id", max_bytes=self._settings.limits.text_bytes)
+        return self._db.read(lambda tx: status.receipt(tx, name, checked))
 
     # -- housekeeping ---------------------------------------------------------------------------
 

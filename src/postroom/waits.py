@@ -50,7 +50,6 @@ from postroom.models import (
     ResumeResult,
     Resumption,
     SignalReceipt,
-    SignalResult,
     Wait,
     WaitOpening,
     WaitState,
@@ -346,12 +345,8 @@ def signal(tx: Tx, request: SignalRequest) -> SignalReceipt:
 def _repeated(stored: Row, request: SignalRequest) -> SignalReceipt:
     stored_body = transitions.receipt_body(stored["flow"], stored["step"],
                                            int(stored["generation"]), stored["value"])
-    return SignalReceipt(result=transitions.repeat_signal(stored_body, request.body),
-                         recorded=SignalResult(stored["result"]),
-                         principal=request.principal, event_id=request.event_id,
-                         flow=stored["flow"], step=stored["step"],
-                         generation=int(stored["generation"]),
-                         received_at=float(stored["received_at"]))
+    return SignalReceipt.from_row(
+        stored, result=transitions.repeat_signal(stored_body, request.body))
 
 
 def expire(tx: Tx, address: WaitAddress, *, op: Write = EXPIRE) -> ExpireResult:

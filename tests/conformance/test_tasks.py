@@ -148,8 +148,10 @@ def test_finish_batch_with_one_stale_claim_finishes_none_and_names_it(store, aut
     stale = store.claim("w1")
     clock.advance(store.settings.lease)
     current = store.claim_batch("w2", 3)
+    # The other two tasks' claims (a batch's claims come in no promised order).
+    first, second = (claim for claim in current if claim.task_id != stale.task_id)
     with pytest.raises(postroom.Fenced, match=f"task {stale.task_id}.*fence 2"):
-        store.finish_batch([(current[1], 1), (stale, 2), (current[2], 3)])
+        store.finish_batch([(first, 1), (stale, 2), (second, 3)])
     for claim in current:
         assert store.task(claim.task_id).state == TaskState.RUNNING
         assert store.reply(claim.task_id) is None

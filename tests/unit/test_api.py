@@ -5,15 +5,16 @@ import postroom
 PUBLIC = [
     "__version__", "Ack", "Attempt", "AttemptOutcome", "AuthContext", "BatchFailed", "Claim",
     "Clock", "Conflict", "Continuation", "ContinuationKind", "DeliveryError", "DispatchReport",
-    "Envelope", "ExpireResult", "Failed", "Finished", "ExponentialBackoff", "Fenced",
+    "Envelope", "ExpireResult", "ExponentialBackoff", "Failed", "Fenced", "Finished",
     "FixedBackoff", "FollowUp", "InProcessTransport", "InvalidEnvelope", "InvalidInput", "Limits",
     "ManualClock", "NotFound", "open_store", "OpenResult", "OpenWait", "Outcome", "OutcomeKind",
-    "OutcomeUnknown", "Outgoing", "PayloadCollision", "PermanentDeliveryError", "Position",
-    "PostroomError", "Receiver", "ReceiverAck", "Released", "Swept", "Reply", "ReplyClaim",
+    "OutcomeUnknown", "Outgoing", "Page", "PayloadCollision", "PermanentDeliveryError", "Position",
+    "PostroomError", "QueueStatus", "Receiver", "ReceiverAck", "Released", "Reply", "ReplyClaim",
     "ReplyState", "Requeue", "ResumeResult", "Resumption", "SchemaError", "Settings", "Settled",
-    "Settlement", "SignalReceipt", "SignalResult", "Store", "StoreError", "StoreUnavailable",
-    "SystemClock", "Task", "TaskState", "TaskStory", "TransientDeliveryError", "Transport",
-    "Unauthorized", "Wait", "WaitNotOpened", "Waiter", "WaitOpening", "WaitState",
+    "Settlement", "SignalReceipt", "SignalResult", "Store", "StoreError", "StoreStatus",
+    "StoreUnavailable", "Swept", "SystemClock", "Task", "TaskState", "TaskStory",
+    "TransientDeliveryError", "Transport", "Unauthorized", "Wait", "Waiter", "WaitNotOpened",
+    "WaitOpening", "WaitState",
 ]
 
 

@@ -225,10 +225,11 @@ def _report(*, command: str, mode: str, started: datetime, elapsed: float,
     judged = []
     for bar in bars_for(rows):
         measured, unit = bar.measure(by_id)
+        shown = round(measured, 3)  # judged as shown, so the report never contradicts itself
         judged.append({"id": bar.id, "text": bar.text, "numerator": bar.numerator,
                        "denominator": bar.denominator, "basis": bar.basis, "kind": bar.kind,
-                       "unit": unit, "measured": round(measured, 3), "required": bar.required,
-                       "passed": bar.passes(measured)})
+                       "unit": unit, "measured": shown, "required": bar.required,
+                       "passed": bar.passes(shown)})
     return {
         "command": command,
         "mode": mode,

@@ -17,6 +17,8 @@ ALTER TABLE tasks ADD COLUMN history TEXT;
 
 -- Listing tasks newest first by a keyset cursor.
 CREATE INDEX tasks_by_created ON tasks (created_at, task_id);
+-- The pending backlog in the same order (see SQLite's).
+CREATE INDEX tasks_pending_by_created ON tasks (created_at, task_id) WHERE state = 'pending';
 
 -- A reply's route and each delivery attempt.
 ALTER TABLE replies ADD COLUMN requester TEXT;

@@ -22,6 +22,10 @@ ALTER TABLE tasks ADD COLUMN history TEXT;
 -- Listing tasks newest first by a keyset cursor; written once per task (created_at never
 -- changes), at the index's right edge.
 CREATE INDEX tasks_by_created ON tasks (created_at, task_id);
+-- The pending backlog in the same order, so listing it walks only pending tasks, never
+-- the history (tasks_claimable's order, queue and availability, has no unique key to
+-- resume a page from). Written when a task becomes pending, dropped when it is claimed.
+CREATE INDEX tasks_pending_by_created ON tasks (created_at, task_id) WHERE state = 'pending';
 
 -- A reply's route (copied from its task when the reply is written, so the dispatcher reads
 -- one row) and each delivery attempt, as for tasks.
