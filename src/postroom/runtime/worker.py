@@ -247,7 +247,7 @@ class Worker:
         failures = 0
         while not self._stopping.is_set():
             with self._lock:
-                free = settings.concurrency + settings.prefetch - len(self._held)
+                free = self._free()
                 if free <= 0:
                     self._lock.wait(settings.poll)
                     continue
@@ -270,6 +270,18 @@ class Worker:
                     self._held[claim.task_id] = _Held(claim)
             for claim in claims:
                 self._begin(self._held[claim.task_id])
+
+    def _free(self) -> int:
+        """How many tasks to claim now (under the lock).
+
+        A slot is a handler that has not ended: one whose outcome waits for its commit
+        frees its slot, so the next tasks run while the settler commits. The claims held
+        in all stay bounded (``concurrency`` more for outcomes on their way, and the
+        prefetch), and every one of them is renewed.
+        """
+        settings = self._settings
+        slots = settings.concurrency + settings.prefetch - self._running
+        return min(slots, 2 * settings.concurrency + settings.prefetch - len(self._held))
 
     def _begin(self, held: _Held) -> None:
         spec = self._app.handler_for(held.claim.queue)
