@@ -20,6 +20,8 @@ effect; every state is explained by durable records.
 from postroom.clock import Clock, ManualClock, SystemClock
 from postroom.db.wakeups import Waiter
 from postroom.errors import (
+    AddressRefused,
+    BadSignature,
     BatchFailed,
     Conflict,
     DeliveryError,
@@ -47,6 +49,8 @@ from postroom.models import (
     Continuation,
     ContinuationKind,
     DispatchReport,
+    Endpoint,
+    EndpointSecret,
     Envelope,
     ExpireResult,
     FollowUp,
@@ -63,6 +67,7 @@ from postroom.models import (
     Requeue,
     ResumeResult,
     Resumption,
+    Schedule,
     SignalReceipt,
     SignalResult,
     Swept,
@@ -83,9 +88,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Ack",
+    "AddressRefused",
     "Attempt",
     "AttemptOutcome",
     "AuthContext",
+    "BadSignature",
     "BatchFailed",
     "Claim",
     "Clock",
@@ -94,6 +101,8 @@ __all__ = [
     "ContinuationKind",
     "DeliveryError",
     "DispatchReport",
+    "Endpoint",
+    "EndpointSecret",
     "Envelope",
     "ExpireResult",
     "ExponentialBackoff",
@@ -124,6 +133,7 @@ __all__ = [
     "Requeue",
     "ResumeResult",
     "Resumption",
+    "Schedule",
     "SchemaError",
     "Settings",
     "SignalReceipt",

@@ -14,6 +14,8 @@ PUBLIC = [
     "StoreError", "StoreUnavailable", "SystemClock", "Task", "TaskState", "TaskStory",
     "TransientDeliveryError", "Transport", "Unauthorized", "Wait", "WaitNotOpened", "Waiter",
     "WaitOpening", "WaitState",
+    # endpoints and webhooks
+    "AddressRefused", "BadSignature", "Endpoint", "EndpointSecret", "Schedule",
 ]
 
 
