@@ -296,6 +296,11 @@ def park(tx: Tx, limit: int) -> int:
     """Park the replies at the head of the claimable ones (the ``limit`` a claim would pick)
     whose requester has no enabled endpoint; returns how many."""
     rows = tx.all("replies_park", now=tx.now, limit=limit)
+    if rows:
+        # More replies may be due behind the ones just parked: the dispatchers look again at
+        # once rather than at their next poll, so a backlog of replies with no endpoint never
+        # delays the ones behind it by more than the claims that park it.
+        tx.notify(REPLIES_CHANNEL)
     for row in rows:
         tx.log(_log, logging.DEBUG, "reply parked: no endpoint", reply_id=row["reply_id"],
                principal=row["requester"], state="pending")
