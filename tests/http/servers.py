@@ -128,3 +128,15 @@ def answer(status: int, headers: dict[str, str] | None = None, body: bytes = b""
     lines = [f"HTTP/1.1 {status} X", f"content-length: {len(body)}", "connection: close",
              *(f"{name}: {value}" for name, value in (headers or {}).items())]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+class Switch:
+    """An ASGI app that passes every request to ``app``, set once the URL is known (an
+    endpoint's secret is made when it is added, and it is added with the server's URL)."""
+
+    def __init__(self) -> None:
+        self.app: Any = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        assert self.app is not None, "the test set no app"
+        await self.app(scope, receive, send)

@@ -118,18 +118,37 @@ class DispatcherSettings:
 
 @dataclass(slots=True)
 class _Lane:
-    """One endpoint as the dispatcher sees it: its record, its turns, its backlog."""
+    """One endpoint as the dispatcher sees it: its record, its turns, what it holds for it.
+
+    A lane holds at most twice its endpoint's ``concurrency`` claims (those on the wire and
+    as many waiting for their turn); more are handed back, to come due again about when the
+    lane will have worked through what it holds, judged by how long its deliveries have
+    been taking (``pace``).
+    """
 
     endpoint: Endpoint
     turns: asyncio.Semaphore
-    waiting: int = 0
-    gone: bool = False
-    next_slot: float = 0.0  # monotonic time the next deferred reply is due back
+    held: int = 0
+    gone: bool = False  # it answered 410: nothing more is sent to it
+    gone_recorded: float = math.inf  # monotonic time its 410 was recorded (it is disabled)
+    pace: float = 0.1  # seconds a delivery to it has been taking (a moving average)
+    next_slot: float = 0.0  # monotonic time the last reply handed back is due back
 
-    def defer(self, now: float, total: float) -> float:
-        """Seconds until a reply handed back for want of room may find some."""
-        self.next_slot = max(self.next_slot, now) + total / self.endpoint.concurrency
-        return max(self.next_slot - now, total)
+    @property
+    def full(self) -> bool:
+        """Whether it holds all the claims it may."""
+        return self.held >= 2 * self.endpoint.concurrency
+
+    def took(self, seconds: float) -> None:
+        """Note that a delivery took ``seconds``."""
+        self.pace = 0.8 * self.pace + 0.2 * seconds
+
+    def defer(self, now: float) -> float:
+        """Seconds until a reply handed back for want of room may find some: after what the
+        lane holds, spaced at the pace its turns free up."""
+        spacing = self.pace / self.endpoint.concurrency
+        self.next_slot = max(self.next_slot, now + self.pace) + spacing
+        return self.next_slot - now
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +258,7 @@ class Dispatcher:
         return True
 
     async def _to_endpoints(self, held: list[_Held]) -> None:
+        read_at = time.monotonic()
         found = await asyncio.to_thread(self.store.endpoints,
                                         [item.claim.requester for item in held
                                          if item.claim.requester is not None])
@@ -249,39 +269,45 @@ class Dispatcher:
             if endpoint is None or not endpoint.enabled:
                 self._hand_back(item.claim, 0.0)  # the next claim parks it
                 continue
-            lane = self._lane(endpoint)
+            lane = self._lane(endpoint, read_at)
             if lane.gone:
                 self._hand_back(item.claim, 0.0)
-            elif lane.waiting >= endpoint.concurrency:
-                self._hand_back(item.claim, lane.defer(now, self.settings.timeouts.total))
+            elif lane.full:
+                self._hand_back(item.claim, lane.defer(now))
             else:
-                lane.waiting += 1
+                lane.held += 1
                 self._spawn(self._to_endpoint(lane, item))
 
-    def _lane(self, endpoint: Endpoint) -> _Lane:
+    def _lane(self, endpoint: Endpoint, read_at: float) -> _Lane:
+        """The lane of ``endpoint``, as read (enabled) at ``read_at``."""
         lane = self._lanes.get(endpoint.principal)
-        idle = lane is not None and lane.waiting == 0 and not lane.turns.locked()
-        if lane is None or (idle and lane.endpoint.concurrency != endpoint.concurrency):
+        if lane is not None and lane.gone and read_at > lane.gone_recorded:
+            # Read enabled after its 410 was recorded (so after it was disabled): an
+            # operator enabled it again.
+            lane.gone, lane.gone_recorded = False, math.inf
+        if lane is None or (lane.held == 0 and not lane.gone
+                            and lane.endpoint.concurrency != endpoint.concurrency):
             lane = _Lane(endpoint, asyncio.Semaphore(endpoint.concurrency))
             self._lanes[endpoint.principal] = lane
         else:
             lane.endpoint = endpoint  # its secrets may have been rotated
-            if lane.gone and idle:
-                lane.gone = False  # enabled again since (only enabled ones are claimed)
         return lane
 
     async def _to_endpoint(self, lane: _Lane, item: _Held) -> None:
         claim = item.claim
         try:
             async with lane.turns:
-                lane.waiting -= 1
                 if self.stopping or lane.gone or time.monotonic() > item.send_by:
                     self._hand_back(claim, 0.0)
                     return
                 assert self._webhooks is not None
+                started = time.monotonic()
                 outcome = await self._webhooks.deliver(lane.endpoint, claim.outgoing())
+                lane.took(time.monotonic() - started)
         except Exception as exc:  # a bug here must still end in a recorded outcome
             outcome = Outcome.transient(f"dispatcher error: {type(exc).__name__}: {exc}")
+        finally:
+            lane.held -= 1
         if outcome.kind is OutcomeKind.GONE:
             lane.gone = True
         postroom_log.event(_log, logging.DEBUG, "delivery attempted", reply_id=claim.reply_id,
@@ -338,6 +364,11 @@ class Dispatcher:
                 self._done[:0] = done  # recorded by a later flush
                 raise
             self._held -= len(done)
+            recorded = time.monotonic()
+            for claim, outcome in done:
+                lane = self._lanes.get(claim.requester or "")
+                if outcome.kind is OutcomeKind.GONE and lane is not None:
+                    lane.gone_recorded = min(lane.gone_recorded, recorded)
             self.report = DispatchReport(
                 claimed=self.report.claimed + report.claimed,
                 sent=self.report.sent + report.sent, retrying=self.report.retrying

@@ -89,7 +89,7 @@ def refusal(address: str) -> str | None:
             return None if inner is None else f"{inner} (inside {ip})"
     for reason, refused in (("loopback", ip.is_loopback), ("unspecified", ip.is_unspecified),
                             ("link-local", ip.is_link_local), ("multicast", ip.is_multicast),
-                            ("private", ip.is_private), ("reserved", ip.is_reserved)):
+                            ("reserved", ip.is_reserved), ("private", ip.is_private)):
         if refused:
             return reason
     return None if ip.is_global else "not globally routable"
