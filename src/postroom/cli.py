@@ -399,11 +399,15 @@ def endpoint_remove(principal: str, store_url: str) -> None:
               metavar="SECONDS", help="Bound on connecting to an endpoint.")
 @click.option("--timeout", type=float, default=15.0, show_default=True, metavar="SECONDS",
               help="Bound on one whole delivery (a read may not stall longer either).")
+@click.option("--lease", type=float, default=None, metavar="SECONDS",
+              help="How long a claim holds a reply (default: the store's dispatch lease, "
+                   "raised to cover a wait for the endpoint's turn and a delivery).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), default="info",
               show_default=True, help="What it logs to stderr.")
 def dispatch(  # noqa: PLR0917 - click passes every option as an argument
         url: str, receiver_url: str | None, batch: int, concurrency: int, poll: float,
-        owner: str | None, connect_timeout: float, timeout: float, log_level: str) -> None:
+        owner: str | None, connect_timeout: float, timeout: float, lease: float | None,
+        log_level: str) -> None:
     """Deliver the replies of the store at URL until SIGTERM or Ctrl-C.
 
     Each reply goes to its requester's endpoint (see `postroom endpoint`), signed; or, with
@@ -417,6 +421,7 @@ def dispatch(  # noqa: PLR0917 - click passes every option as an argument
     from postroom.receiver import Receiver
     from postroom.runtime.dispatcher import Dispatcher, DispatcherSettings
     from postroom.runtime.transports.webhook import Timeouts
+    from postroom.settings import check_lease
     from postroom.store import open_store
 
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
@@ -426,7 +431,8 @@ def dispatch(  # noqa: PLR0917 - click passes every option as an argument
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="'--timeout'") from None
     settings = DispatcherSettings(batch=batch, concurrency=concurrency, poll=poll,
-                                  timeouts=timeouts)
+                                  timeouts=timeouts,
+                                  lease=None if lease is None else check_lease(lease))
     if owner is not None:
         settings = dataclasses.replace(settings, owner=owner)
     with open_store(url) as store:

@@ -95,7 +95,8 @@ class DispatcherSettings:
     #: Bounds of one HTTP delivery.
     timeouts: Timeouts = field(default_factory=Timeouts)
     #: Seconds a claim holds a reply; ``None``: the store's ``dispatch_lease``, raised if
-    #: need be to cover a wait for the endpoint's turn and the delivery itself.
+    #: need be to cover a wait for the endpoint's turn and the delivery itself. (A claim
+    #: whose lease could lapse before its delivery ends is handed back, not sent.)
     lease: float | None = None
 
     def __post_init__(self) -> None:
@@ -107,6 +108,10 @@ class DispatcherSettings:
             raise InvalidInput("poll", f"must be 0.001..3600 seconds, got {self.poll!r}")
         if not isinstance(self.timeouts, Timeouts):
             raise InvalidInput("timeouts", "must be a Timeouts")
+        shortest = self.timeouts.total + 2 * _LEASE_MARGIN
+        if self.lease is not None and not shortest <= self.lease <= 86_400:
+            raise InvalidInput("lease", f"must cover a whole delivery and a margin: "
+                                        f"{shortest:g}..86400 seconds, got {self.lease!r}")
 
     def lease_for(self, store: Store) -> float:
         """The lease to claim with: enough to wait for one delivery ahead and make its own."""
@@ -186,12 +191,26 @@ class Dispatcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stirred: asyncio.Event | None = None
         self._signals = 0
+        self._stopped_by: str | None = None
 
     # -- the one start/stop protocol ---------------------------------------------------------
 
     def run(self, *, handle_signals: bool = False) -> None:
-        """Deliver until stopped, then finish as the module docstring says and return."""
-        asyncio.run(self._main(handle_signals))
+        """Deliver until stopped, then finish as the module docstring says and return.
+
+        ``handle_signals`` (from the main thread only) takes SIGTERM and SIGINT for the
+        duration of the run and gives the previous handlers back afterwards, so a signal that
+        comes while it returns is still answered by someone.
+        """
+        previous = {}
+        if handle_signals:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                previous[signum] = signal.signal(signum, self._signalled)
+        try:
+            asyncio.run(self._main())
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
     def stop(self) -> None:
         """Ask ``run`` to stop (from any thread); returns at once."""
@@ -205,12 +224,9 @@ class Dispatcher:
 
     # -- the loop ----------------------------------------------------------------------------
 
-    async def _main(self, handle_signals: bool) -> None:
+    async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stirred = asyncio.Event()
-        if handle_signals:
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                self._loop.add_signal_handler(signum, self._signalled, signum)
         if self._receiver is None and self._webhooks is None:
             self._webhooks = Webhooks(timeouts=self.settings.timeouts,
                                       max_connections=self.settings.concurrency)
@@ -387,6 +403,8 @@ class Dispatcher:
     async def _finish(self) -> None:
         """Stop: let what is on the wire finish, hand back the rest, record it all."""
         self._stop_requested.set()
+        postroom_log.event(_log, logging.INFO, "dispatcher stopping", owner=self.settings.owner,
+                           state=self._stopped_by)
         if self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
         for attempt in range(5):
@@ -427,11 +445,12 @@ class Dispatcher:
                 await asyncio.wait_for(self._stirred.wait(), seconds)
         self._stirred.clear()
 
-    def _signalled(self, signum: int) -> None:
+    def _signalled(self, signum: int, frame: object = None) -> None:
+        # A Python signal handler: it runs in the main thread, between two steps of the
+        # event loop's (the select it waits in is interrupted), and only asks for a stop.
         self._signals += 1
         if self._signals > 1:
             os._exit(128 + signum)  # asked twice: go now, leases recover the rest
         self.exit_code = 128 + signum
-        postroom_log.event(_log, logging.INFO, "dispatcher stopping", owner=self.settings.owner,
-                           state=signal.Signals(signum).name)
+        self._stopped_by = signal.Signals(signum).name  # logged by the loop, not in here
         self.stop()
