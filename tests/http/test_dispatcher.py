@@ -231,3 +231,21 @@ def test_a_failing_store_is_logged_and_retried_never_ending_the_loop(live_store,
     failed = [record for record in caplog.records if record.message.startswith(
         "dispatcher step failed")]
     assert len(failed) == 2 and "locked" in failed[0].last_error
+
+
+def test_claims_whose_endpoints_cannot_be_read_are_handed_back_not_left_to_lapse(
+        live_store, receiver, monkeypatch):
+    tasks = finished(live_store, "planner", 3)
+    real = live_store.endpoints
+    failures = [postroom.StoreUnavailable("postgres: connection lost")]
+
+    def flaky(*args, **kwargs):
+        if failures:
+            raise failures.pop()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(live_store, "endpoints", flaky)
+    with hook(live_store, receiver), dispatching(live_store):
+        until(lambda: set(states(live_store, tasks)) == {ReplyState.SENT}, what="sent")
+    # Each was sent on its first counted attempt: the failed read's claims were given back.
+    assert [live_store.reply(task).attempts for task in tasks] == [1, 1, 1]

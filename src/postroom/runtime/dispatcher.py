@@ -269,8 +269,15 @@ class Dispatcher:
         held = [_Held(claim, send_by) for claim in claims]
         if self._receiver is not None:
             self._spawn(self._into_receiver(self._receiver, held))
-        else:
+            return True
+        try:
             await self._to_endpoints(held)
+        except BaseException:
+            # The endpoints could not be read: hand the claims back rather than let them sit
+            # until their lease ends, which would count an attempt that never happened.
+            for item in held:
+                self._hand_back(item.claim, 0.0)
+            raise
         return True
 
     async def _to_endpoints(self, held: list[_Held]) -> None:

@@ -63,13 +63,7 @@ UPDATE endpoints SET updated_at = :now WHERE principal = :principal
 -- name: replies_park
 -- Of the head of the claimable replies (the rows claim_replies would pick), park those whose
 -- requester has no enabled endpoint: they leave the head without spending an attempt.
-WITH picked AS (
-    SELECT reply_id FROM replies
-    WHERE state = 'pending' AND parked_at IS NULL AND available_at <= :now
-    ORDER BY available_at
-    LIMIT :limit
-    {skip_locked}
-)
+WITH picked AS ({reply_head})
 UPDATE replies SET parked_at = :now, updated_at = :now
 FROM picked
 WHERE replies.reply_id = picked.reply_id AND replies.state = 'pending'

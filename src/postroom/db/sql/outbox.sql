@@ -27,19 +27,23 @@ ORDER BY lease_until
 LIMIT :limit
 {skip_locked}
 
+-- fragment: reply_head
+-- The head of the claimable replies: up to :limit due ones, oldest first (locked rows
+-- skipped), from the replies_ready index; a claim takes them, a routed claim first parks
+-- the ones whose requester has no enabled endpoint (replies_park in endpoints.sql).
+SELECT reply_id FROM replies
+WHERE state = 'pending' AND parked_at IS NULL AND available_at <= :now
+ORDER BY available_at
+LIMIT :limit
+{skip_locked}
+
 -- name: claim_replies
 -- Pick up to :limit replies due for delivery, oldest first, and mark them sending. With
 -- :routed = 1 only those whose requester has an enabled endpoint are taken (replies_park has
 -- just parked the others of the head), and a reply's first attempt fixes its budget to its
 -- endpoint's: later attempts keep it, so attempts never exceed the budget they were counted
 -- against. ({or_fail}: see the SQLite dialect; the transaction rolls back on any error.)
-WITH picked AS (
-    SELECT reply_id FROM replies
-    WHERE state = 'pending' AND parked_at IS NULL AND available_at <= :now
-    ORDER BY available_at
-    LIMIT :limit
-    {skip_locked}
-)
+WITH picked AS ({reply_head})
 UPDATE {or_fail} replies
 SET state = 'sending', owner = :owner, lease_until = :lease_until, fence = fence + 1,
     attempts = attempts + 1, history = {history_open}, updated_at = :now,
