@@ -20,6 +20,8 @@ effect; every state is explained by durable records.
 from postroom.clock import Clock, ManualClock, SystemClock
 from postroom.db.wakeups import Waiter
 from postroom.errors import (
+    AddressRefused,
+    BadSignature,
     BatchFailed,
     Conflict,
     DeliveryError,
@@ -47,6 +49,8 @@ from postroom.models import (
     Continuation,
     ContinuationKind,
     DispatchReport,
+    Endpoint,
+    EndpointSecret,
     Envelope,
     ExpireResult,
     Failed,
@@ -68,6 +72,7 @@ from postroom.models import (
     Requeue,
     ResumeResult,
     Resumption,
+    Schedule,
     Settled,
     Settlement,
     SignalReceipt,
@@ -91,9 +96,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Ack",
+    "AddressRefused",
     "Attempt",
     "AttemptOutcome",
     "AuthContext",
+    "BadSignature",
     "BatchFailed",
     "Claim",
     "Clock",
@@ -102,6 +109,8 @@ __all__ = [
     "ContinuationKind",
     "DeliveryError",
     "DispatchReport",
+    "Endpoint",
+    "EndpointSecret",
     "Envelope",
     "ExpireResult",
     "ExponentialBackoff",
@@ -137,6 +146,7 @@ __all__ = [
     "Requeue",
     "ResumeResult",
     "Resumption",
+    "Schedule",
     "SchemaError",
     "Settings",
     "Settled",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -298,3 +299,228 @@ def _serve_until_signalled(run: Any, stop: Any, *, stopping: str) -> None:
             signal.signal(signum, handler)
     if received:
         sys.exit(128 + received[0])
+
+
+# -- delivering replies: endpoints and the dispatcher -------------------------------------------
+
+_STORE_OPTION = click.option(
+    "--store", "store_url", required=True, metavar="URL", envvar="POSTROOM_STORE",
+    show_envvar=True, help="The store (sqlite:///path.db or postgresql://...).")
+
+
+def _schedule(text: str) -> str | list[float]:
+    """``--schedule``: a preset's name, or delays in seconds separated by commas."""
+    from postroom.endpoints import SCHEDULES
+
+    if text in SCHEDULES:
+        return text
+    try:
+        return [float(part) for part in text.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is neither a preset ({', '.join(sorted(SCHEDULES))}) "
+                                 "nor delays in seconds such as 5,60,600",
+                                 param_hint="'--schedule'") from None
+
+
+def _show_secret(endpoint: Any, what: str) -> None:
+    from postroom.db import redacted_url
+
+    click.echo(json.dumps({"principal": endpoint.principal, "url": redacted_url(endpoint.url),
+                           "secret": endpoint.secrets[0].secret}))
+    click.echo(f"{what}: this is the only time the secret is shown; give it to the "
+               "receiver, which verifies every delivery with it", err=True)
+
+
+@main.group()
+def endpoint() -> None:
+    """Where each principal's replies are delivered: add, list, rotate, disable, enable and
+    remove endpoints. A reply whose requester has no enabled endpoint waits in the outbox
+    (its delivery budget kept) until one is added or enabled."""
+
+
+@endpoint.command("add")
+@click.argument("principal")
+@click.argument("url")
+@_STORE_OPTION
+@click.option("--allow-private", is_flag=True,
+              help="Let the sender connect to loopback, private and link-local addresses "
+                   "(refused otherwise, whatever the URL's host resolves to).")
+@click.option("--schedule", "schedule", default="default", show_default=True,
+              metavar="NAME|DELAYS",
+              help="Retry schedule: default (the store's backoff), standard-webhooks, fast, "
+                   "or delays in seconds such as 5,60,600 (the last repeats).")
+@click.option("--budget", type=int, default=None, metavar="N",
+              help="Delivery attempts per reply, 1..100 (default: the store's).")
+@click.option("--concurrency", type=int, default=4, show_default=True, metavar="N",
+              help="Deliveries in flight to this endpoint at once.")
+def endpoint_add(  # noqa: PLR0917 - click passes every option as an argument
+        principal: str, url: str, store_url: str, allow_private: bool, schedule: str,
+        budget: int | None, concurrency: int) -> None:
+    """Deliver PRINCIPAL's replies to URL, signed with a new secret printed once."""
+    from postroom.store import open_store
+
+    with open_store(store_url) as store:
+        added = store.add_endpoint(principal, url, allow_private=allow_private,
+                                   schedule=_schedule(schedule), budget=budget,
+                                   concurrency=concurrency)
+    _show_secret(added, "added")
+
+
+@endpoint.command("list")
+@_STORE_OPTION
+@click.option("--json", "as_json", is_flag=True, help="One JSON document (secrets left out).")
+def endpoint_list(store_url: str, as_json: bool) -> None:
+    """Show every endpoint, and how many replies wait for one. Secrets are never shown."""
+    import time
+
+    from postroom.db import redacted_url
+    from postroom.store import open_store
+
+    with open_store(store_url) as store:
+        found = store.endpoints()
+        waiting = store.awaiting_endpoints()
+    now = time.time()
+    listed = [item.to_dict(now=now) | {"url": redacted_url(item.url)}
+              for item in found.values()]
+    if as_json:
+        click.echo(json.dumps({"endpoints": listed, "awaiting_endpoint": waiting}, indent=2))
+        return
+    for item in listed:
+        state = "enabled" if item["enabled"] else f"disabled: {item['disabled_reason']}"
+        active = sum(secret["active"] for secret in item["secrets"])
+        click.echo(f"{item['principal']}  {item['url']}  {state}  schedule {item['schedule']}"
+                   f"  budget {item['budget']}  concurrency {item['concurrency']}"
+                   f"  secrets {active} active{'  private allowed' * item['allow_private']}")
+    for principal, count in sorted(waiting.items()):
+        click.echo(f"{principal or '(none)'}: {count} replies wait for an endpoint")
+    if not listed and not waiting:
+        click.echo("no endpoints")
+
+
+@endpoint.command("rotate")
+@click.argument("principal")
+@_STORE_OPTION
+@click.option("--expire-old-after", type=float, default=None, metavar="SECONDS",
+              help="The older secrets stop signing this long from now (0: at once); "
+                   "without it they keep signing too, until a later rotation expires them.")
+def endpoint_rotate(principal: str, store_url: str, expire_old_after: float | None) -> None:
+    """Add a new signing secret to PRINCIPAL's endpoint, printed once.
+
+    Each delivery is signed with every active secret, so a receiver keeps verifying with
+    the old one until it has the new.
+    """
+    from postroom.store import open_store
+
+    with open_store(store_url) as store:
+        rotated = store.rotate_endpoint_secret(principal, expire_old_after=expire_old_after)
+    _show_secret(rotated, "rotated")
+
+
+@endpoint.command("disable")
+@click.argument("principal")
+@_STORE_OPTION
+@click.option("--reason", default="disabled by an operator", show_default=True)
+def endpoint_disable(principal: str, store_url: str, reason: str) -> None:
+    """Stop delivering to PRINCIPAL's endpoint; its replies wait, their budgets kept."""
+    from postroom.store import open_store
+
+    with open_store(store_url) as store:
+        done = store.disable_endpoint(principal, reason=reason)
+    click.echo(json.dumps({"principal": done.principal, "enabled": done.enabled,
+                           "disabled_reason": done.disabled_reason}))
+
+
+@endpoint.command("enable")
+@click.argument("principal")
+@_STORE_OPTION
+def endpoint_enable(principal: str, store_url: str) -> None:
+    """Deliver to PRINCIPAL's endpoint again (after a 410, say); what waited goes out now."""
+    from postroom.store import open_store
+
+    with open_store(store_url) as store:
+        done = store.enable_endpoint(principal)
+    click.echo(json.dumps({"principal": done.principal, "enabled": done.enabled}))
+
+
+@endpoint.command("remove")
+@click.argument("principal")
+@_STORE_OPTION
+def endpoint_remove(principal: str, store_url: str) -> None:
+    """Forget PRINCIPAL's endpoint and its secrets; its replies wait for a new one."""
+    from postroom.errors import NotFound
+    from postroom.store import open_store
+
+    with open_store(store_url) as store:
+        if not store.remove_endpoint(principal):
+            raise NotFound(f"no endpoint for {principal!r}")
+    click.echo(json.dumps({"principal": principal, "removed": True}))
+
+
+@main.command()
+@click.argument("url")
+@click.option("--receiver", "receiver_url", default=None, metavar="URL",
+              help="Deliver every reply in this process into this receiver database instead "
+                   "of to the requesters' endpoints.")
+@click.option("--batch", type=int, default=32, show_default=True, metavar="N",
+              help="Replies claimed (and outcomes recorded) per transaction.")
+@click.option("--concurrency", type=int, default=16, show_default=True, metavar="N",
+              help="Deliveries in flight at once, all endpoints together.")
+@click.option("--poll", type=float, default=1.0, show_default=True, metavar="SECONDS",
+              help="How often to look for work when no wake-up comes.")
+@click.option("--owner", default=None, help="The name it claims as (default: host and pid).")
+@click.option("--connect-timeout", type=float, default=5.0, show_default=True,
+              metavar="SECONDS", help="Bound on connecting to an endpoint.")
+@click.option("--timeout", type=float, default=15.0, show_default=True, metavar="SECONDS",
+              help="Bound on one whole delivery (a read may not stall longer either).")
+@click.option("--lease", type=float, default=None, metavar="SECONDS",
+              help="How long a claim holds a reply (default: the store's dispatch lease, "
+                   "raised to cover a wait for the endpoint's turn and a delivery).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), default="info",
+              show_default=True, help="What it logs to stderr.")
+def dispatch(  # noqa: PLR0917 - click passes every option as an argument
+        url: str, receiver_url: str | None, batch: int, concurrency: int, poll: float,
+        owner: str | None, connect_timeout: float, timeout: float, lease: float | None,
+        log_level: str) -> None:
+    """Deliver the replies of the store at URL until SIGTERM or Ctrl-C.
+
+    Each reply goes to its requester's endpoint (see `postroom endpoint`), signed; or, with
+    --receiver, into that receiver database. It prints one JSON line when it starts and one
+    when it stops. On SIGTERM (exit 143) or Ctrl-C (130) it stops claiming, lets the
+    deliveries on the wire finish, hands back the replies it had not sent yet and records
+    everything; a second signal ends it at once (what it held is recovered when its lease
+    ends, and delivered again: the receiver dedupes).
+    """
+    from postroom.db import redacted_url
+    from postroom.receiver import Receiver
+    from postroom.runtime.dispatcher import Dispatcher, DispatcherSettings
+    from postroom.runtime.transports.webhook import Timeouts
+    from postroom.settings import check_lease
+    from postroom.store import open_store
+
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        timeouts = Timeouts(connect=connect_timeout, read=timeout, total=timeout)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--timeout'") from None
+    settings = DispatcherSettings(batch=batch, concurrency=concurrency, poll=poll,
+                                  timeouts=timeouts,
+                                  lease=None if lease is None else check_lease(lease))
+    if owner is not None:
+        settings = dataclasses.replace(settings, owner=owner)
+    with open_store(url) as store:
+        receiver = Receiver.open(receiver_url) if receiver_url is not None else None
+        try:
+            dispatcher = Dispatcher(store, receiver=receiver, settings=settings)
+            click.echo(json.dumps({"dispatching": redacted_url(url), "owner": settings.owner,
+                                   "to": "receiver" if receiver is not None else "endpoints"}))
+            dispatcher.run(handle_signals=True)
+        finally:
+            if receiver is not None:
+                receiver.close()
+    report = dispatcher.report
+    click.echo(json.dumps({"stopped": dispatcher.exit_code, "sent": report.sent,
+                           "retrying": report.retrying, "dead": report.dead,
+                           "handed_back": dispatcher.released}))
+    if dispatcher.exit_code:
+        sys.exit(dispatcher.exit_code)

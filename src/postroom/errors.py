@@ -4,6 +4,7 @@ Every error postroom raises on purpose is a ``PostroomError``::
 
     PostroomError
     ├── Unauthorized            (also PermissionError)  the principal may not do this
+    │   └── BadSignature                                a webhook's signature or timestamp fails
     ├── InvalidInput            (also ValueError)       refused before any write; names the field
     │   └── InvalidEnvelope                             ... for a field of an Envelope
     ├── Conflict                                        same identity, different meaning
@@ -14,6 +15,7 @@ Every error postroom raises on purpose is a ``PostroomError``::
     ├── NotFound                (also LookupError)      no such task / reply
     ├── DeliveryError                                   a transport could not deliver a reply
     │   ├── TransientDeliveryError                      try again later (ACK lost, timeout, 5xx)
+    │   │   └── AddressRefused                          the endpoint's address is not to be used
     │   └── PermanentDeliveryError                      will never succeed as sent (4xx)
     └── StoreError                                      the database, translated at the boundary
         ├── StoreUnavailable                            transient, nothing committed: safe to retry
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
     from postroom.models import Ack, WaitOpening
 
 __all__ = [
+    "AddressRefused",
+    "BadSignature",
     "BatchFailed",
     "Conflict",
     "DeliveryError",
@@ -58,6 +62,11 @@ class PostroomError(Exception):
 
 class Unauthorized(PostroomError, PermissionError):
     """The authenticated principal is not an allowed source, or does not match the sender."""
+
+
+class BadSignature(Unauthorized):
+    """A webhook's ``webhook-signature`` matches none of the receiver's secrets, or its
+    ``webhook-timestamp`` is outside the tolerated window: the request is not believed."""
 
 
 class InvalidInput(PostroomError, ValueError):
@@ -145,6 +154,14 @@ class DeliveryError(PostroomError):
 
 class TransientDeliveryError(DeliveryError):
     """Delivery may succeed later: the ACK was lost, a timeout, a connection error, a 5xx."""
+
+
+class AddressRefused(TransientDeliveryError):
+    """The sender would not connect: the endpoint's host resolved only to addresses it refuses
+    (loopback, private, link-local, metadata, ...) and the endpoint does not allow them.
+
+    Nothing was sent. Transient, since a DNS answer may change; the budget ends it.
+    """
 
 
 class PermanentDeliveryError(DeliveryError):

@@ -3,8 +3,9 @@
 Every record carries what identifies the work it is about as ``extra`` fields a log pipeline
 can filter on -- ``task_id``, ``reply_id``, ``owner``, ``fence``, ``attempt``, ``state`` and
 ``last_error`` (those that apply; an operator's decision also names its ``operator``, a lost
-COMMIT its ``xid``) -- and repeats them in its message as ``name=value`` for a plain
-formatter. Nothing else is ever passed: not a payload, not a result, not a token.
+COMMIT its ``xid``, an endpoint's change its ``principal``) -- and repeats them in its
+message as ``name=value`` for a plain formatter. Nothing else is ever passed: not a
+payload, not a result, not a token, not a secret.
 
 Levels (loggers ``postroom.inbox``, ``.tasks``, ``.outbox``, ``.postgres``, ``.sqlite``,
 ``.pool``):

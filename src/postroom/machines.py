@@ -83,6 +83,8 @@ REPLY_TRANSITIONS: tuple[Transition[ReplyState], ...] = (
     Transition(ReplyState.SENDING, "transient failure, budget spent", ReplyState.DEAD),
     Transition(ReplyState.SENDING, "collision", ReplyState.DEAD),
     Transition(ReplyState.SENDING, "permanent failure", ReplyState.DEAD),
+    Transition(ReplyState.SENDING, "endpoint gone", ReplyState.DEAD),  # and it is disabled
+    Transition(ReplyState.SENDING, "release", ReplyState.PENDING),  # the attempt is given back
     Transition(ReplyState.SENDING, "publisher lease expired", ReplyState.PENDING),
     Transition(ReplyState.SENDING, "publisher lease expired, budget spent", ReplyState.DEAD),
     Transition(ReplyState.DEAD, "operator requeue", ReplyState.PENDING),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -17,6 +18,8 @@ __all__ = [
     "Continuation",
     "ContinuationKind",
     "DispatchReport",
+    "Endpoint",
+    "EndpointSecret",
     "Envelope",
     "ExpireResult",
     "Failed",
@@ -38,6 +41,7 @@ __all__ = [
     "Requeue",
     "ResumeResult",
     "Resumption",
+    "Schedule",
     "Settled",
     "Settlement",
     "SignalReceipt",
@@ -374,6 +378,7 @@ class AttemptOutcome(StrEnum):
     TRANSIENT = "transient"  # a delivery that may succeed later
     PERMANENT = "permanent"  # a delivery refused for good
     COLLISION = "collision"  # the receiver holds the reply_id with other content
+    GONE = "gone"  # the endpoint answered 410 Gone: the reply is dead, the endpoint disabled
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -458,15 +463,22 @@ class OutcomeKind(StrEnum):
     TRANSIENT = "transient"  # ACK lost, timeout, connection error, 5xx: try again later
     PERMANENT = "permanent"  # refused for good (4xx other than 408/409/429)
     COLLISION = "collision"  # the receiver holds this reply_id with different content
+    GONE = "gone"  # the endpoint answered 410 Gone: dead, and the endpoint is disabled
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Outcome:
-    """The result of delivering one ``Outgoing``."""
+    """The result of delivering one ``Outgoing``.
+
+    ``delay`` is the earliest retry a transient failure asks for, in seconds from when it is
+    recorded (an endpoint's schedule, a ``Retry-After``); ``None`` takes the store's
+    ``delivery_backoff``. Other kinds never retry, so it means nothing for them.
+    """
 
     kind: OutcomeKind
     detail: str = ""
     duplicate: bool = False
+    delay: float | None = None
 
     @classmethod
     def delivered(cls, *, duplicate: bool = False) -> Outcome:
@@ -474,9 +486,9 @@ class Outcome:
         return cls(kind=OutcomeKind.DELIVERED, duplicate=duplicate)
 
     @classmethod
-    def transient(cls, detail: str) -> Outcome:
-        """Try again later."""
-        return cls(kind=OutcomeKind.TRANSIENT, detail=detail)
+    def transient(cls, detail: str, *, delay: float | None = None) -> Outcome:
+        """Try again later: after ``delay`` seconds, or the store's backoff if ``None``."""
+        return cls(kind=OutcomeKind.TRANSIENT, detail=detail, delay=delay)
 
     @classmethod
     def permanent(cls, detail: str) -> Outcome:
@@ -487,6 +499,11 @@ class Outcome:
     def collision(cls, detail: str) -> Outcome:
         """The receiver has different content under this reply_id."""
         return cls(kind=OutcomeKind.COLLISION, detail=detail)
+
+    @classmethod
+    def gone(cls, detail: str) -> Outcome:
+        """The endpoint is gone (HTTP 410): nothing more is sent to it until re-enabled."""
+        return cls(kind=OutcomeKind.GONE, detail=detail)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -507,6 +524,91 @@ class ReplyClaim:
     def outgoing(self) -> Outgoing:
         """What the transport sends."""
         return Outgoing(reply_id=self.reply_id, body=self.body, fingerprint=self.fingerprint)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Schedule:
+    """When a transient delivery failure is tried again: ``delays[n-1]`` seconds after the
+    ``n``-th attempt failed, the last delay repeating (so it is also the cap), each scaled by a
+    random factor in ``[1 - jitter, 1]`` so that replies failing together spread out.
+
+    No ``delays`` means the store's own ``delivery_backoff`` (capped exponential with jitter
+    by default). ``name`` is a preset's (``postroom.endpoints.SCHEDULES``) or ``"custom"``.
+    """
+
+    name: str
+    delays: tuple[float, ...] = ()
+    jitter: float = 0.1
+
+    def delay(self, attempt: int, rng: random.Random) -> float | None:
+        """Seconds to wait after ``attempt`` (1-based) failed; ``None``: the store's backoff."""
+        if not self.delays:
+            return None
+        base = self.delays[min(max(attempt, 1), len(self.delays)) - 1]
+        return float(base) * (1.0 - self.jitter * rng.random())
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EndpointSecret:
+    """One signing secret of an endpoint: ``whsec_`` and the base64 of its key bytes.
+
+    It is stored as it is, because the sender must compute an HMAC with it: whoever reads the
+    store's database can sign as postroom. Active until ``expires_at`` (``None``: no expiry).
+    """
+
+    secret: str = field(repr=False)
+    created_at: float
+    expires_at: float | None = None
+
+    def active(self, now: float) -> bool:
+        """Whether postroom still signs with it at ``now``."""
+        return self.expires_at is None or now < self.expires_at
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Endpoint:
+    """Where one principal's replies are delivered, and how (one endpoint per principal).
+
+    ``secrets`` are newest first; every active one signs each delivery, so a receiver that
+    knows any of them accepts it during a rotation. ``allow_private`` lets the sender connect
+    to loopback, private and link-local addresses, which it otherwise refuses. ``budget`` is
+    fixed on a reply when it is first claimed for this endpoint; ``concurrency`` bounds the
+    deliveries in flight to it. A disabled endpoint (``disabled_reason``, e.g. "410 Gone at
+    ...") gets nothing until it is enabled again; its replies wait.
+    """
+
+    principal: str
+    url: str
+    secrets: tuple[EndpointSecret, ...] = field(repr=False)
+    allow_private: bool
+    schedule: Schedule
+    budget: int
+    concurrency: int
+    created_at: float
+    updated_at: float
+    disabled_at: float | None = None
+    disabled_reason: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """Whether replies are delivered to it."""
+        return self.disabled_at is None
+
+    def signing_secrets(self, now: float) -> list[str]:
+        """The secrets to sign with at ``now``, newest first."""
+        return [item.secret for item in self.secrets if item.active(now)]
+
+    def to_dict(self, *, now: float) -> dict[str, Any]:
+        """A plain description for listings: everything but the secrets themselves (their
+        creation and expiry times, and which are active at ``now``, are shown)."""
+        return {"principal": self.principal, "url": self.url,
+                "enabled": self.enabled, "disabled_at": self.disabled_at,
+                "disabled_reason": self.disabled_reason, "allow_private": self.allow_private,
+                "schedule": self.schedule.name, "delays": list(self.schedule.delays),
+                "budget": self.budget, "concurrency": self.concurrency,
+                "secrets": [{"created_at": item.created_at, "expires_at": item.expires_at,
+                             "active": item.active(now)} for item in self.secrets],
+                "created_at": self.created_at, "updated_at": self.updated_at}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -757,8 +859,10 @@ class QueueStatus:
     ``processing`` ones running. ``outcomes`` counts, for every terminal task state, the tasks
     that ever reached it (cumulative since the store began: pruning does not take them back).
     ``deliveries`` counts replies by delivery state: ``pending``, ``sending`` and ``dead`` as
-    they are now, ``sent`` cumulative like the outcomes. ``oldest_pending_age`` is how long
-    the next claimable task has been claimable (seconds; ``None`` when none is).
+    they are now, ``sent`` cumulative like the outcomes; ``awaiting_endpoint`` is how many of
+    the pending ones wait for their requester to have an endpoint (they spend no delivery
+    attempt meanwhile). ``oldest_pending_age`` is how long the next claimable task has been
+    claimable (seconds; ``None`` when none is).
     """
 
     queue: str
@@ -766,6 +870,7 @@ class QueueStatus:
     processing: int
     outcomes: dict[TaskState, int]
     deliveries: dict[ReplyState, int]
+    awaiting_endpoint: int
     oldest_pending_age: float | None
 
 

@@ -18,11 +18,11 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from postroom import faults, log, transitions
+from postroom import endpoints, faults, log, transitions
 from postroom.db.database import NotAllApplied, Tx, Write
 from postroom.db.wakeups import REPLIES_CHANNEL
 from postroom.errors import Fenced, NotFound
-from postroom.models import Outcome, ReplyClaim, ReplyState, TaskState
+from postroom.models import Outcome, OutcomeKind, ReplyClaim, ReplyState, TaskState
 from postroom.settings import Settings
 from postroom.transitions import ReplyDecision, Route
 
@@ -31,11 +31,13 @@ __all__ = [
     "BEFORE_REMOTE_COMMIT",
     "DISPATCH_CLAIM",
     "DISPATCH_RECORD",
+    "RELEASE",
     "REQUEUE",
     "claim_replies",
     "insert_replies",
     "record",
     "record_all",
+    "release_all",
     "replies_due",
     "requeue",
     "sweep_replies",
@@ -44,6 +46,7 @@ __all__ = [
 DISPATCH_CLAIM = Write("dispatch.claim")
 DISPATCH_RECORD = Write("dispatch.record")
 REQUEUE = Write("requeue")
+RELEASE = Write("dispatch.release")
 
 _log = log.get("outbox")
 
@@ -135,11 +138,18 @@ def replies_due(tx: Tx) -> bool:
 
 
 def claim_replies(tx: Tx, settings: Settings, *, owner: str, limit: int,
-                  lease: float) -> list[ReplyClaim]:
-    """Sweep, then claim up to ``limit`` replies due for delivery."""
+                  lease: float, routed: bool = False) -> list[ReplyClaim]:
+    """Sweep, then claim up to ``limit`` replies due for delivery.
+
+    ``routed`` claims for endpoints: the replies of the head whose requester has no enabled
+    endpoint are parked first (see ``endpoints``), so fewer than ``limit`` may be claimed
+    while more are due, and each reply's first attempt fixes its budget to its endpoint's.
+    """
     sweep_replies(tx, settings)
+    if routed:
+        endpoints.park(tx, limit)
     rows = tx.all("claim_replies", now=tx.now, limit=limit, owner=owner,
-                  lease_until=tx.now + lease)
+                  lease_until=tx.now + lease, routed=int(routed))
     if _log.isEnabledFor(logging.DEBUG):
         for row in rows:
             tx.log(_log, logging.DEBUG, "reply claimed", reply_id=row["reply_id"],
@@ -161,6 +171,8 @@ def record(tx: Tx, claim: ReplyClaim, outcome: Outcome, *, delay: float) -> Repl
         raise _fenced(tx, claim)
     _counted(tx, row, decision)
     _log_recorded(tx, claim, decision)
+    if outcome.kind is OutcomeKind.GONE:
+        endpoints.stopped_by_gone(tx, claim.requester, claim.reply_id)
     return decision.to_state
 
 
@@ -205,12 +217,33 @@ def record_all(tx: Tx, items: Sequence[tuple[ReplyClaim, Outcome, float]]) -> li
     if any(row is None for row in rows):
         raise NotAllApplied("reply_apply_owned")
     debug = _log.isEnabledFor(logging.DEBUG)
-    for row, (claim, _, _), decision in zip(rows, items, decisions, strict=True):
+    for row, (claim, outcome, _), decision in zip(rows, items, decisions, strict=True):
         assert row is not None
         _counted(tx, row, decision)
         if debug or decision.to_state is ReplyState.DEAD:
             _log_recorded(tx, claim, decision)
+        if outcome.kind is OutcomeKind.GONE:
+            endpoints.stopped_by_gone(tx, claim.requester, claim.reply_id)
     return [decision.to_state for decision in decisions]
+
+
+def release_all(tx: Tx, claims: Sequence[ReplyClaim], *, delay: float) -> list[str]:
+    """Hand ``claims`` back unsent, each claimable again after ``delay`` with its attempt
+    given back; returns the reply ids that were no longer these claims' (left as they are)."""
+    decision = transitions.reply_release(now=tx.now, delay=delay)
+    rows = tx.one_each("reply_release_owned", [
+        _owned(claim, decision, tx.now) for claim in claims])
+    fenced = []
+    for row, claim in zip(rows, claims, strict=True):
+        if row is None:
+            fenced.append(claim.reply_id)
+        else:
+            tx.log(_log, logging.DEBUG, "delivery released", reply_id=claim.reply_id,
+                   task_id=claim.task_id, owner=claim.owner, fence=claim.fence,
+                   attempt=claim.attempt, state=ReplyState.PENDING.value)
+    if len(fenced) < len(claims):
+        tx.notify(REPLIES_CHANNEL)
+    return fenced
 
 
 def requeue(tx: Tx, reply_id: str, *, operator: str, reason: str) -> None:

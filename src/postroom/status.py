@@ -186,12 +186,15 @@ def _queue_status(tx: Tx, queue: str, counts: Mapping[tuple[str, str], int]) -> 
     received = counts.get(("task", TaskState.PENDING.value), 0)
     # The head of the queue as a claim would take it (the same query, so the same rule).
     head = tx.one("claim_head", queue=queue, now=tx.now) if received else None
+    parked = counts.get(("reply", "parked"), 0)
+    deliveries = {state: counts.get(("reply", state.value), 0) for state in ReplyState}
+    deliveries[ReplyState.PENDING] += parked
     return QueueStatus(
         queue=queue, received=received,
         processing=counts.get(("task", TaskState.RUNNING.value), 0),
         outcomes={state: counts.get(("task", state.value), 0)
                   for state in TaskState if state.terminal},
-        deliveries={state: counts.get(("reply", state.value), 0) for state in ReplyState},
+        deliveries=deliveries, awaiting_endpoint=parked,
         oldest_pending_age=None if head is None else tx.now - float(head["available_at"]))
 
 

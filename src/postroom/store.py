@@ -12,10 +12,22 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from postroom import inbox, outbox, retention, status, tasks, transitions, transports, waits
+from postroom import (
+    endpoints,
+    inbox,
+    outbox,
+    retention,
+    signing,
+    status,
+    tasks,
+    transitions,
+    transports,
+    waits,
+)
 from postroom.clock import Clock
 from postroom.db.database import Database, Tx
 from postroom.db.wakeups import REPLIES_CHANNEL, Waiter
+from postroom.endpoints import DEFAULT_CONCURRENCY
 from postroom.errors import (
     BatchFailed,
     Fenced,
@@ -29,6 +41,7 @@ from postroom.models import (
     Claim,
     Continuation,
     DispatchReport,
+    Endpoint,
     Envelope,
     ExpireResult,
     Failed,
@@ -387,24 +400,59 @@ class Store:
 
     # -- delivery -------------------------------------------------------------------------------
 
-    def claim_replies(self, owner: str, *, limit: int = 1,
-                      lease: float | None = None) -> list[ReplyClaim]:
-        """Claim up to ``limit`` replies due for delivery (``sending``, leased, fenced)."""
+    def claim_replies(self, owner: str, *, limit: int = 1, lease: float | None = None,
+                      routed: bool = False) -> list[ReplyClaim]:
+        """Claim up to ``limit`` replies due for delivery (``sending``, leased, fenced).
+
+        ``routed=True`` claims for the requesters' endpoints: a reply whose requester has no
+        enabled endpoint is parked instead, without spending an attempt, until one is added
+        or enabled (so fewer than ``limit`` may come back while more are due: claim again);
+        a reply's first attempt fixes its delivery budget to its endpoint's.
+        """
         check_text(owner, "owner", max_bytes=self._settings.limits.text_bytes)
         check_limit(limit)
+        check_bool(routed, "routed")
         seconds = self._lease(lease, self._settings.dispatch_lease)
         return self._db.write_if(outbox.DISPATCH_CLAIM, outbox.replies_due,
                                  lambda tx: outbox.claim_replies(
                                      tx, self._settings, owner=owner, limit=limit,
-                                     lease=seconds), otherwise=[])
+                                     lease=seconds, routed=routed), otherwise=[])
+
+    def _retry_delay(self, claim: ReplyClaim, outcome: Outcome) -> float:
+        """When a transient failure is tried again: as the outcome asks (an endpoint's
+        schedule, a ``Retry-After``), else after the store's ``delivery_backoff``."""
+        if outcome.delay is not None:
+            return outcome.delay
+        return self._settings.delivery_backoff.delay(claim.attempt, self._rng)
 
     def record_delivery(self, claim: ReplyClaim, outcome: Outcome) -> ReplyState:
-        """Record one delivery outcome; ``Fenced`` if another publisher holds the reply."""
+        """Record one delivery outcome; ``Fenced`` if another publisher holds the reply.
+
+        ``gone`` also disables the requester's endpoint, in the same transaction.
+        """
         check_reply_claim(claim)
         check_outcome(outcome)
-        delay = self._settings.delivery_backoff.delay(claim.attempt, self._rng)
+        delay = self._retry_delay(claim, outcome)
         return self._db.write(outbox.DISPATCH_RECORD, lambda tx: outbox.record(
             tx, claim, outcome, delay=delay))
+
+    def release_replies(self, claims: Iterable[ReplyClaim], *, delay: float = 0.0) -> list[str]:
+        """Hand claimed replies back unsent, in one transaction: claimable again after
+        ``delay`` seconds, each with its attempt given back (the fence never goes back).
+
+        For a dispatcher that stops before sending them, or finds their endpoint busy, gone
+        or removed. Returns the ids of those no longer held by these claims (left as they
+        are, as ``record_deliveries`` reports its fenced ones).
+        """
+        checked = [_indexed(index, check_reply_claim, claim, prefix="claims")
+                   for index, claim in enumerate(check_batch(claims, "claims"))]
+        seconds = check_number(delay, "delay")
+        if not 0 <= seconds <= MAX_DELAY:
+            raise InvalidInput("delay", f"must be in 0..{MAX_DELAY:g} seconds, got {delay!r}")
+        if not checked:
+            return []
+        return self._db.write(outbox.RELEASE, lambda tx: outbox.release_all(
+            tx, checked, delay=seconds))
 
     def record_deliveries(self, pairs: Iterable[tuple[ReplyClaim, Outcome]]) -> DispatchReport:
         """Record several outcomes in one transaction; fenced ones are reported, not raised."""
@@ -413,8 +461,7 @@ class Store:
             claim, outcome = check_pair(item, f"pairs[{index}]")
             checked.append((_indexed(index, check_reply_claim, claim, prefix="pairs"),
                             _indexed(index, check_outcome, outcome, prefix="pairs")))
-        items = [(claim, outcome, self._settings.delivery_backoff.delay(claim.attempt,
-                                                                        self._rng))
+        items = [(claim, outcome, self._retry_delay(claim, outcome))
                  for claim, outcome in checked]
 
         def bulk(tx: Tx) -> tuple[dict[ReplyState, int], list[str]]:
@@ -458,6 +505,90 @@ class Store:
         check_text(reason, "reason", max_bytes=4096)
         self._db.write(outbox.REQUEUE, lambda tx: outbox.requeue(
             tx, reply_id, operator=operator, reason=reason))
+
+    # -- endpoints ------------------------------------------------------------------------------
+
+    def add_endpoint(self, principal: str, url: str, *, allow_private: bool = False,
+                     schedule: str | Sequence[float] = "default", budget: int | None = None,
+                     concurrency: int = DEFAULT_CONCURRENCY) -> Endpoint:
+        """Deliver ``principal``'s replies to ``url`` from now on; returns the endpoint with
+        its first signing secret (newly made: show it to its owner once).
+
+        ``schedule`` is a preset's name (``endpoints.SCHEDULES``) or delays in seconds;
+        ``budget`` the attempts per reply (the store's ``delivery_budget`` if ``None``);
+        ``concurrency`` the deliveries in flight to it at once. ``allow_private`` lets the
+        sender connect to loopback, private and link-local addresses. Replies parked for
+        ``principal`` are due at once. ``Conflict`` if it already has an endpoint.
+        """
+        request = endpoints.check_request(
+            self._settings, principal=principal, url=url, allow_private=allow_private,
+            schedule=schedule, budget=budget, concurrency=concurrency)
+        secret = signing.new_secret()
+        return self._db.write(endpoints.ADD, lambda tx: endpoints.add(tx, request, secret))
+
+    def endpoint(self, principal: str) -> Endpoint:
+        """``principal``'s endpoint; ``NotFound`` if it has none."""
+        self._principal(principal)
+        return self._db.read(lambda tx: endpoints.get(tx, principal))
+
+    def endpoints(self, principals: Iterable[str] | None = None) -> dict[str, Endpoint]:
+        """Every endpoint by principal (or those of ``principals`` that have one), read in one
+        snapshot."""
+        if principals is None:
+            return self._db.read(lambda tx: {found.principal: found
+                                             for found in endpoints.listed(tx)})
+        names = list(dict.fromkeys(self._principal(name)
+                                   for name in check_batch(principals, "principals")))
+
+        def read(tx: Tx) -> dict[str, Endpoint]:
+            return {name: found for name in names
+                    if (found := endpoints.find(tx, name)) is not None}
+
+        return self._db.read(read)
+
+    def remove_endpoint(self, principal: str) -> bool:
+        """Forget ``principal``'s endpoint and its secrets; ``False`` if it had none. Its
+        replies wait (parked, budget kept) until another is added."""
+        self._principal(principal)
+        return self._db.write(endpoints.REMOVE, lambda tx: endpoints.remove(tx, principal))
+
+    def rotate_endpoint_secret(self, principal: str, *,
+                               expire_old_after: float | None = None) -> Endpoint:
+        """Add a new signing secret (it comes first in ``Endpoint.secrets``: show it once).
+
+        Deliveries are signed with every active secret, so receivers can move to the new one
+        at their pace; with ``expire_old_after`` the older ones stop signing that many
+        seconds from now (0: at once). ``NotFound`` if ``principal`` has no endpoint.
+        """
+        self._principal(principal)
+        grace = None
+        if expire_old_after is not None:
+            grace = check_number(expire_old_after, "expire_old_after")
+            if not 0 <= grace <= MAX_DELAY:
+                raise InvalidInput("expire_old_after", f"must be in 0..{MAX_DELAY:g} seconds")
+        secret = signing.new_secret()
+        return self._db.write(endpoints.CHANGE, lambda tx: endpoints.rotate(
+            tx, principal, secret, expire_old_after=grace))
+
+    def disable_endpoint(self, principal: str, *,
+                         reason: str = "disabled by an operator") -> Endpoint:
+        """Stop delivering to ``principal``'s endpoint (its replies wait, budget kept)."""
+        self._principal(principal)
+        check_text(reason, "reason", max_bytes=4096)
+        return self._db.write(endpoints.CHANGE, lambda tx: endpoints.disable(
+            tx, principal, reason))
+
+    def enable_endpoint(self, principal: str) -> Endpoint:
+        """Deliver to ``principal``'s endpoint again; the replies that waited are due now."""
+        self._principal(principal)
+        return self._db.write(endpoints.CHANGE, lambda tx: endpoints.enable(tx, principal))
+
+    def awaiting_endpoints(self) -> dict[str, int]:
+        """How many replies wait for an endpoint (parked, their budget kept), by requester."""
+        return self._db.read(endpoints.awaiting)
+
+    def _principal(self, principal: str) -> str:
+        return check_text(principal, "principal", max_bytes=self._settings.limits.text_bytes)
 
     # -- waiting for work -----------------------------------------------------------------------
 
@@ -730,8 +861,14 @@ class Store:
 
 def _info(database: Database, settings: Settings, *, settings_from: str) -> dict[str, Any]:
     schema_version = database.schema_version("store")
-    return database.read(lambda tx: status.info(tx, settings, schema_version=schema_version,
-                                                settings_from=settings_from))
+
+    def read(tx: Tx) -> dict[str, Any]:
+        found = status.info(tx, settings, schema_version=schema_version,
+                            settings_from=settings_from)
+        found["replies_awaiting_endpoint"] = sum(endpoints.awaiting(tx).values())
+        return found
+
+    return database.read(read)
 
 
 def inspect_store(url: str, *, settings: Settings | None = None) -> dict[str, Any]:

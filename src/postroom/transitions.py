@@ -54,6 +54,7 @@ __all__ = [
     "reply_content",
     "reply_id_for",
     "reply_lease_expired",
+    "reply_release",
     "signal_wait",
 ]
 
@@ -281,12 +282,24 @@ def delivery(kind: OutcomeKind, *, detail: str, attempt: int, budget: int, now: 
     if kind is OutcomeKind.PERMANENT:
         return ReplyDecision(to_state=ReplyState.DEAD, available_at=now, ended=ended,
                              last_error=f"permanent: {detail}")
+    if kind is OutcomeKind.GONE:
+        return ReplyDecision(to_state=ReplyState.DEAD, available_at=now, ended=ended,
+                             last_error=f"gone: the endpoint answered 410 Gone and is "
+                                        f"disabled: {detail}")
     if attempt >= budget:
         return ReplyDecision(to_state=ReplyState.DEAD, available_at=now, ended=ended,
                              last_error=f"delivery budget spent ({attempt} of {budget}): "
                                         f"{detail}")
     return ReplyDecision(to_state=ReplyState.PENDING, available_at=now + delay, ended=ended,
                          last_error=f"transient: {detail}")
+
+
+def reply_release(*, now: float, delay: float) -> ReplyDecision:
+    """A publisher hands a claimed reply back unsent (it is stopping; the endpoint is busy,
+    gone or missing): claimable again after ``delay``, with its attempt given back, since
+    nothing was delivered, so however often that happens the reply keeps its whole budget."""
+    return ReplyDecision(to_state=ReplyState.PENDING, available_at=now + delay,
+                         ended=AttemptOutcome.RELEASED)
 
 
 def reply_lease_expired(*, attempt: int, budget: int, now: float) -> ReplyDecision:

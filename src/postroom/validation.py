@@ -300,6 +300,11 @@ def check_outcome(outcome: object, field: str = "outcome") -> Outcome:
         raise InvalidInput(f"{field}.detail", f"must be a string, got "
                                               f"{type(outcome.detail).__name__}")
     check_bool(outcome.duplicate, f"{field}.duplicate")
+    if outcome.delay is not None:
+        delay = check_number(outcome.delay, f"{field}.delay")
+        if not 0 <= delay <= MAX_DELAY:
+            raise InvalidInput(f"{field}.delay", f"must be in 0..{MAX_DELAY:g} seconds, got "
+                                                 f"{outcome.delay!r}")
     return outcome
 
 

@@ -64,6 +64,7 @@ def test_a_healthy_store_and_receiver_are_clean(busy_store, receiver):
     ("UPDATE replies SET budget = 0 WHERE state = 'pending'", "budget_out_of_range"),
     ("UPDATE replies SET attempts = 0 WHERE state = 'sent'", "budget_out_of_range"),
     ("UPDATE tasks SET last_error = 'rewritten' WHERE state = 'failed'", "reply_content"),
+    ("UPDATE replies SET parked_at = 1 WHERE state = 'sent'", "parked_not_pending"),
 ])
 def test_each_broken_invariant_is_named(busy_store, sql, check):
     corrupt(busy_store, sql)

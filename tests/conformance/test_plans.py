@@ -19,7 +19,9 @@ HOT_QUERIES = {
     "claim_head": {"queue": "default", "now": START},
     "tasks_lease_expired": {"now": START, "limit": 100},
     "tasks_deadline_passed": {"now": START, "limit": 100},
-    "claim_replies": {"now": START, "limit": 1, "owner": "d", "lease_until": START + 30},
+    "claim_replies": {"now": START, "limit": 1, "owner": "d", "lease_until": START + 30,
+                      "routed": 1},
+    "replies_park": {"now": START, "limit": 10},  # a dispatcher's batch, not a sweep's
     "replies_lease_expired": {"now": START, "limit": 100},
 }
 
@@ -31,6 +33,7 @@ INDEX = {
     "tasks_lease_expired": "tasks_running_leases",
     "tasks_deadline_passed": "tasks_live_deadlines",
     "claim_replies": "replies_ready",
+    "replies_park": "replies_ready",
     "replies_lease_expired": "replies_sending_leases",
 }
 

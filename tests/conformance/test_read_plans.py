@@ -42,7 +42,7 @@ PENDING_REPLIES, SENDING_REPLIES, DEAD_REPLIES = 50, 10, 40
 HISTORY_TABLES = ("tasks", "replies", "waits", "wait_continuations")
 LIVE_TASKS = {"tasks_claimable", "tasks_running_leases", "tasks_live_deadlines",
               "tasks_pending_by_created"}
-LIVE_REPLIES = {"replies_ready", "replies_sending_leases", "replies_dead"}
+LIVE_REPLIES = {"replies_ready", "replies_parked", "replies_sending_leases", "replies_dead"}
 
 
 @dataclass(frozen=True)

@@ -154,7 +154,8 @@ def test_a_queue_with_only_history_still_appears(forgetful, auth, clock):
     assert forgetful.status().queues == {"quiet": QueueStatus(
         queue="quiet", received=0, processing=0,
         outcomes={**NO_OUTCOMES, TaskState.CANCELLED: 1},
-        deliveries={**NO_DELIVERIES, ReplyState.SENT: 1}, oldest_pending_age=None)}
+        deliveries={**NO_DELIVERIES, ReplyState.SENT: 1}, awaiting_endpoint=0,
+        oldest_pending_age=None)}
 
 
 def test_oldest_pending_age_is_how_long_the_next_claimable_task_has_waited(store, auth, clock):
@@ -192,3 +193,11 @@ def test_open_waits_and_unconsumed_continuations_are_counted(store, auth):
 def test_status_is_read_at_the_stores_time(store, clock):
     clock.advance(7)
     assert store.status().at == START + 7
+
+
+def test_a_reply_waiting_for_its_requesters_endpoint_is_counted_as_such(store, auth):
+    store.receive(auth, envelope("m-1"))
+    store.finish(store.claim("w"), "ok")
+    assert store.claim_replies("d", routed=True) == []  # planner has no endpoint: parked
+    queue = store.status().queues["default"]
+    assert (queue.awaiting_endpoint, queue.deliveries[ReplyState.PENDING]) == (1, 1)

@@ -14,6 +14,7 @@ import pytest
 
 import postroom  # noqa: F401 - importing postroom registers every module's fault points
 from postroom import faults
+from tests.crash.endpoint_scenarios import ENDPOINT_CRASHES
 from tests.crash.scenarios import CRASHES as TASK_CRASHES
 from tests.crash.scenarios import Call, Crash
 from tests.crash.wait_scenarios import WAIT_CRASHES
@@ -25,7 +26,7 @@ from tests.support import START
 CODE = 86
 
 POINTS = [p.name for p in faults.registered()]
-CRASHES: dict[str, Crash] = {**TASK_CRASHES, **WAIT_CRASHES}
+CRASHES: dict[str, Crash] = {**TASK_CRASHES, **WAIT_CRASHES, **ENDPOINT_CRASHES}
 
 
 def crash_child(world: World, crash: Crash, point: str) -> None:
@@ -57,7 +58,8 @@ def test_a_crash_at_the_point_leaves_all_or_nothing_and_the_retry_converges(poin
     crash = CRASHES.get(point)
     if crash is None:
         pytest.fail(f"fault point {point!r} has no crash scenario: add it to CRASHES in "
-                    f"tests/crash/scenarios.py (WAIT_CRASHES in wait_scenarios.py for waits)")
+                    f"tests/crash/scenarios.py (WAIT_CRASHES in wait_scenarios.py for waits, "
+                    f"ENDPOINT_CRASHES in endpoint_scenarios.py for endpoints)")
     world = World(make_url("store"), make_url("receiver"))
     try:
         crash.setup(world)

@@ -130,6 +130,34 @@ def _publish_retention(ctx: Context, seconds: float) -> float | None:
     return ctx.store.publish_retention(seconds)
 
 
+# -- endpoints -----------------------------------------------------------------------------------
+
+
+@step("add_endpoint")
+def _add_endpoint(ctx: Context, principal: str, url: str, **options: Any) -> str:
+    """Register an endpoint; its secret (as the CLI shows it once)."""
+    return ctx.store.add_endpoint(principal, url, **options).secrets[0].secret
+
+
+@step("rotate_endpoint")
+def _rotate_endpoint(ctx: Context, principal: str) -> int:
+    """Add a secret to an endpoint; how many it has now."""
+    return len(ctx.store.rotate_endpoint_secret(principal).secrets)
+
+
+@step("remove_endpoint")
+def _remove_endpoint(ctx: Context, principal: str) -> bool:
+    return ctx.store.remove_endpoint(principal)
+
+
+@step("claim_and_release")
+def _claim_and_release(ctx: Context, owner: str | None = None) -> list[str]:
+    """Claim due replies for their endpoints and hand them back unsent, as a stopping
+    dispatcher does; the ids it could not hand back."""
+    claims = ctx.store.claim_replies(owner or ctx.name, limit=10, routed=True)
+    return ctx.store.release_replies(claims)
+
+
 # -- waits ---------------------------------------------------------------------------------------
 
 

@@ -15,6 +15,8 @@ PUBLIC = [
     "StoreUnavailable", "Swept", "SystemClock", "Task", "TaskState", "TaskStory",
     "TransientDeliveryError", "Transport", "Unauthorized", "Wait", "Waiter", "WaitNotOpened",
     "WaitOpening", "WaitState",
+    # endpoints and webhooks
+    "AddressRefused", "BadSignature", "Endpoint", "EndpointSecret", "Schedule",
 ]
 
 

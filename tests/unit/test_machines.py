@@ -138,6 +138,7 @@ DELIVERY_EVENTS = {
     OutcomeKind.TRANSIENT: ("transient failure", "transient failure, budget spent"),
     OutcomeKind.PERMANENT: ("permanent failure",),
     OutcomeKind.COLLISION: ("collision",),
+    OutcomeKind.GONE: ("endpoint gone",),
 }
 
 
@@ -158,6 +159,9 @@ def reply_moves() -> list[Made]:
              {(ReplyState(source), t.reply_lease_expired(attempt=attempt, budget=budget,
                                                          now=NOW).to_state)
               for source in guards("replies_lease_expired") for attempt, budget in ATTEMPTS}),
+        made("reply_release", ("release",),
+             {(ReplyState(source), t.reply_release(now=NOW, delay=0.0).to_state)
+              for source in guards("reply_release_owned")}),
         statement("reply_requeue", ("operator requeue",), ReplyState),
     ]
 

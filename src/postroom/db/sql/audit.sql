@@ -60,6 +60,13 @@ SELECT reply_id AS identity, 'budget ' || budget || ', ' || state || ' after ' |
 FROM replies
 WHERE budget < :min_budget OR budget > :max_budget OR (state = 'sent' AND attempts < 1)
 
+-- name: audit_store_parked_not_pending
+-- Only a pending reply waits for an endpoint (parked): claiming, sending and ending it
+-- leave the head of the outbox, where parking applies.
+SELECT reply_id AS identity, state || ' yet parked since ' || parked_at AS detail
+FROM replies
+WHERE parked_at IS NOT NULL AND state <> 'pending'
+
 -- name: audit_store_sending_without_owner_or_lease
 -- A sending reply has an owner and a lease; any other reply has neither.
 SELECT reply_id AS identity, state || ' with owner ' || coalesce(owner, 'NULL') AS detail

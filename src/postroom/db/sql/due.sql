@@ -33,7 +33,8 @@ ORDER BY deadline, flow, step, generation LIMIT 1
 
 -- name: replies_due
 -- A reply due for delivery, or a delivery whose publisher's lease expired.
-SELECT ((SELECT available_at FROM replies WHERE state = 'pending' AND available_at <= :now
+SELECT ((SELECT available_at FROM replies
+         WHERE state = 'pending' AND parked_at IS NULL AND available_at <= :now
          ORDER BY available_at LIMIT 1) IS NOT NULL
         OR (SELECT lease_until FROM replies WHERE state = 'sending' AND lease_until <= :now
             ORDER BY lease_until LIMIT 1) IS NOT NULL) AS due

@@ -27,21 +27,35 @@ ORDER BY lease_until
 LIMIT :limit
 {skip_locked}
 
+-- fragment: reply_head
+-- The head of the claimable replies: up to :limit due ones, oldest first (locked rows
+-- skipped), from the replies_ready index; a claim takes them, a routed claim first parks
+-- the ones whose requester has no enabled endpoint (replies_park in endpoints.sql).
+SELECT reply_id FROM replies
+WHERE state = 'pending' AND parked_at IS NULL AND available_at <= :now
+ORDER BY available_at
+LIMIT :limit
+{skip_locked}
+
 -- name: claim_replies
--- Pick up to :limit replies due for delivery, oldest first, and mark them sending.
--- ({or_fail}: see the SQLite dialect; the transaction rolls back on any error anyway.)
-WITH picked AS (
-    SELECT reply_id FROM replies
-    WHERE state = 'pending' AND available_at <= :now
-    ORDER BY available_at
-    LIMIT :limit
-    {skip_locked}
-)
+-- Pick up to :limit replies due for delivery, oldest first, and mark them sending. With
+-- :routed = 1 only those whose requester has an enabled endpoint are taken (replies_park has
+-- just parked the others of the head), and a reply's first attempt fixes its budget to its
+-- endpoint's: later attempts keep it, so attempts never exceed the budget they were counted
+-- against. ({or_fail}: see the SQLite dialect; the transaction rolls back on any error.)
+WITH picked AS ({reply_head})
 UPDATE {or_fail} replies
 SET state = 'sending', owner = :owner, lease_until = :lease_until, fence = fence + 1,
-    attempts = attempts + 1, history = {history_open}, updated_at = :now
+    attempts = attempts + 1, history = {history_open}, updated_at = :now,
+    budget = CASE WHEN :routed = 1 AND attempts = 0
+                  THEN coalesce((SELECT endpoints.budget FROM endpoints
+                                 WHERE endpoints.principal = replies.requester), budget)
+                  ELSE budget END
 FROM picked
 WHERE replies.reply_id = picked.reply_id AND replies.state = 'pending'
+  AND (:routed = 0 OR EXISTS (SELECT 1 FROM endpoints
+                              WHERE endpoints.principal = replies.requester
+                                AND endpoints.disabled_at IS NULL))
 RETURNING replies.reply_id, replies.task_id, replies.body, replies.fingerprint,
           replies.fence, replies.attempts, replies.budget, replies.lease_until,
           replies.requester
@@ -57,18 +71,32 @@ SET state = :to_state, owner = NULL, lease_until = NULL, available_at = :availab
 WHERE reply_id = :reply_id AND state = :from_state AND fence = :fence
 RETURNING reply_id, queue
 
+-- fragment: reply_claim_is_current
+-- The reply is sending under this very claim. The outcome was decided from the claim's
+-- attempt and budget, and what was delivered is its body: a claim whose copy of them differs
+-- from the reply's own is not this reply's claim.
+reply_id = :reply_id AND state = 'sending' AND owner = :claim_owner AND fence = :fence
+  AND task_id = :task_id AND attempts = :attempt AND budget = :budget AND body = :body
+  AND fingerprint = :fingerprint AND requester {same_as} :requester
+
 -- name: reply_apply_owned
--- Record a publisher's delivery outcome: only while its claim is the current one. The
--- outcome was decided from the claim's attempt and budget, and what was delivered is its
--- body: a claim whose copy of them differs from the reply's own is not this reply's claim.
+-- Record a publisher's delivery outcome: only while its claim is the current one.
 UPDATE replies
 SET state = :to_state, owner = NULL, lease_until = NULL, available_at = :available_at,
     last_error = :last_error, sent_at = :sent_at, history = {history_close},
     updated_at = :now
-WHERE reply_id = :reply_id AND state = 'sending' AND owner = :claim_owner AND fence = :fence
-  AND task_id = :task_id AND attempts = :attempt AND budget = :budget AND body = :body
-  AND fingerprint = :fingerprint AND requester {same_as} :requester
+WHERE {reply_claim_is_current}
 RETURNING reply_id, queue
+
+-- name: reply_release_owned
+-- A publisher hands a reply back unsent (it is stopping, or the endpoint is busy or gone):
+-- claimable again at :available_at with its attempt given back (the fence never goes back).
+-- The last error stays: it is still the last thing a delivery learned.
+UPDATE replies
+SET state = 'pending', owner = NULL, lease_until = NULL, available_at = :available_at,
+    attempts = attempts - 1, history = {history_close}, updated_at = :now
+WHERE {reply_claim_is_current}
+RETURNING reply_id
 
 -- name: reply_requeue
 -- An operator sends a dead reply again: a fresh delivery budget, same id and content.

@@ -8,8 +8,9 @@
 -- (the bound is computed by the caller, which also stands in for "no bound" with +/-infinity).
 
 -- name: status_live_counts
--- Live tasks and replies per queue and state: pending and running tasks; pending, sending
--- and dead replies. Each part walks its state's partial index.
+-- Live tasks and replies per queue and state: pending and running tasks; pending (ready, or
+-- parked until their requester has an endpoint), sending and dead replies. Each part walks
+-- its state's partial index.
 SELECT 'task' AS kind, queue, 'pending' AS state, count(*) AS n
 FROM tasks WHERE state = 'pending' GROUP BY queue
 UNION ALL
@@ -17,7 +18,10 @@ SELECT 'task' AS kind, queue, 'running' AS state, count(*) AS n
 FROM tasks WHERE state = 'running' GROUP BY queue
 UNION ALL
 SELECT 'reply' AS kind, queue, 'pending' AS state, count(*) AS n
-FROM replies WHERE state = 'pending' GROUP BY queue
+FROM replies WHERE state = 'pending' AND parked_at IS NULL GROUP BY queue
+UNION ALL
+SELECT 'reply' AS kind, queue, 'parked' AS state, count(*) AS n
+FROM replies WHERE parked_at IS NOT NULL GROUP BY queue
 UNION ALL
 SELECT 'reply' AS kind, queue, 'sending' AS state, count(*) AS n
 FROM replies WHERE state = 'sending' GROUP BY queue
