@@ -8,7 +8,7 @@ short: nothing slow (a handler, a network call) ever runs inside a transaction.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -281,6 +281,26 @@ class Store:
         ``Settled`` per outcome, in order, once the transaction committed; a failure of the
         transaction itself (the database unavailable) raises, and then nothing committed.
         """
+        settled, _ = self._settle(outcomes, None)
+        return settled
+
+    def settle_and_claim(self, outcomes: Iterable[Settlement], owner: str, limit: int, *,
+                         queues: Sequence[str] | str = ("default",),
+                         lease: float | None = None) -> tuple[list[Settled], list[Claim]]:
+        """``settle(outcomes)`` and ``claim_batch(owner, limit, ...)`` in one transaction:
+        a busy worker hands its handlers' outcomes in and takes the next tasks with one
+        commit. Both halves are exactly what the two calls would do (each outcome fenced
+        and atomic on its own, the claims swept and guarded), and both are returned only
+        once the transaction committed."""
+        check_text(owner, "owner", max_bytes=self._settings.limits.text_bytes)
+        check_limit(limit)
+        names = check_queues(queues, self._settings.limits)
+        seconds = self._lease(lease, self._settings.lease)
+        return self._settle(outcomes, lambda tx: tasks.claim(
+            tx, self._settings, owner=owner, queues=names, limit=limit, lease=seconds))
+
+    def _settle(self, outcomes: Iterable[Settlement],
+                then: Callable[[Tx], list[Claim]] | None) -> tuple[list[Settled], list[Claim]]:
         prepared: dict[int, tasks.Settling] = {}
         refused: dict[int, Settled] = {}
         for index, outcome in enumerate(check_batch(outcomes, "outcomes")):
@@ -290,10 +310,15 @@ class Store:
                 claim = getattr(outcome, "claim", None)
                 refused[index] = Settled(task_id=getattr(claim, "task_id", ""), error=exc)
         ordered = sorted(prepared)
-        done = (self._db.write(tasks.SETTLE, lambda tx: tasks.settle(
-            tx, self._settings, [prepared[index] for index in ordered])) if ordered else [])
+
+        def work(tx: Tx) -> tuple[list[Settled], list[Claim]]:
+            done = tasks.settle(tx, self._settings, [prepared[index] for index in ordered])
+            return done, then(tx) if then is not None else []
+
+        done, claims = (self._db.write(tasks.SETTLE, work) if ordered or then is not None
+                        else ([], []))
         refused.update(zip(ordered, done, strict=True))
-        return [refused[index] for index in range(len(refused))]
+        return [refused[index] for index in range(len(refused))], claims
 
     def _settling(self, outcome: object) -> tasks.Settling:
         if isinstance(outcome, Finished):

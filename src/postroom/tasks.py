@@ -35,6 +35,7 @@ __all__ = [
     "Settling",
     "SweepCounts",
     "after",
+    "after_all",
     "apply",
     "cancel",
     "claim",
@@ -146,11 +147,17 @@ def after(tx: Tx, settings: Settings, row: Row, decision: TaskDecision) -> None:
     """What follows a decision the task in ``row`` (its route, as the guarded statement
     returned it) was moved by: a terminal one writes its reply and counts the outcome; one
     that makes the task claimable announces its queue."""
-    state = decision.to_state
-    if decision.reply_result is not None:
-        outbox.insert_replies(tx, settings, [(row, state, decision.reply_result)])
-    if state is TaskState.PENDING and decision.available_at <= tx.now:
-        tx.notify(row["queue"])
+    after_all(tx, settings, [(row, decision)])
+
+
+def after_all(tx: Tx, settings: Settings, moved: Sequence[tuple[Row, TaskDecision]]) -> None:
+    """``after`` for many decisions, their replies written by one statement."""
+    outbox.insert_replies(tx, settings, [(row, decision.to_state, decision.reply_result)
+                                         for row, decision in moved
+                                         if decision.reply_result is not None])
+    for row, decision in moved:
+        if decision.to_state is TaskState.PENDING and decision.available_at <= tx.now:
+            tx.notify(row["queue"])
 
 
 def fenced(tx: Tx, claim: Claim) -> Fenced:
@@ -297,9 +304,8 @@ def finish_all(tx: Tx, settings: Settings, items: Sequence[tuple[Claim, str]]) -
                                             for claim, decision in decisions])
     if any(row is None for row in rows):
         raise NotAllApplied("task_apply_owned")
-    for row, (_, decision) in zip(rows, decisions, strict=True):
-        assert row is not None
-        after(tx, settings, row, decision)
+    after_all(tx, settings, [(row, decision) for row, (_, decision) in zip(
+        rows, decisions, strict=True) if row is not None])
     if _log.isEnabledFor(logging.DEBUG):
         for claim, decision in decisions:
             _log_owned(tx, "task finished", claim, decision)
@@ -380,6 +386,7 @@ def settle(tx: Tx, settings: Settings, items: Sequence[Settling]) -> list[Settle
              if not item.follow_ups and not item.opens]
     rows = tx.one_each("task_apply_owned", [_owned(item.claim, decision, now)
                                             for _, item, decision in plain])
+    moved: list[tuple[Row, TaskDecision]] = []
     for (index, item, decision), row in zip(plain, rows, strict=True):
         if row is None:
             refusal = fenced(tx, item.claim)
@@ -387,9 +394,10 @@ def settle(tx: Tx, settings: Settings, items: Sequence[Settling]) -> list[Settle
             if refusal.decided_at is not None:
                 tx.wrote = True  # time refused it: keep that time, as a single call would
             continue
-        after(tx, settings, row, decision)
+        moved.append((row, decision))
         _log_owned(tx, item.message, item.claim, decision)
         settled[index] = Settled(task_id=item.claim.task_id, state=decision.to_state)
+    after_all(tx, settings, moved)
     for index, item in enumerate(items):
         if index in settled:
             continue

@@ -127,3 +127,29 @@ def test_renew_all_fences_an_altered_claim(store, claims):
 def test_renew_all_refuses_a_mistyped_claim_naming_it(store, claims):
     with pytest.raises(postroom.InvalidInput, match=r"claims\[1\]\.fence"):
         store.renew_all([claims[0], dataclasses.replace(claims[1], fence="1")])
+
+
+def test_settle_and_claim_commits_the_outcomes_and_takes_the_next_tasks_together(store, auth,
+                                                                                 claims):
+    store.receive_atomic(auth, [envelope(f"next-{i}") for i in range(3)])
+    settled, taken = store.settle_and_claim(
+        [Finished(claim=claims[0], result=0), Failed(claim=claims[1], reason="flaky")],
+        "w", 5)
+    assert [s.state for s in settled] == [TaskState.DONE, TaskState.PENDING]
+    # The failed task waits out its backoff; the three new ones are claimed.
+    assert sorted(claim.message_id for claim in taken) == ["next-0", "next-1", "next-2"]
+    assert all(store.task(claim.task_id).owner == "w" for claim in taken)
+
+
+def test_settle_and_claim_with_a_fenced_outcome_still_claims(store, auth, claims):
+    store.receive(auth, envelope("next"))
+    store.cancel(claims[0].task_id)
+    settled, taken = store.settle_and_claim([Finished(claim=claims[0])], "w", 1)
+    assert isinstance(settled[0].error, postroom.Fenced)
+    assert [claim.message_id for claim in taken] == ["next"]
+
+
+def test_settle_and_claim_with_nothing_to_settle_is_a_claim(store, auth, claims):
+    store.receive(auth, envelope("next"))
+    settled, taken = store.settle_and_claim([], "w", 2, queues=["default"])
+    assert settled == [] and [claim.message_id for claim in taken] == ["next"]

@@ -93,9 +93,10 @@ class WorkerSettings:
     poll: float = 1.0
     #: The most outcomes committed in one transaction.
     settle_batch: int = 500
-    #: Seconds the settler waits for more outcomes before it commits what it has (the
-    #: outcomes that arrive while a commit runs are committed together anyway).
-    linger: float = 0.0
+    #: Seconds the settler waits for the handlers still running to end before it commits
+    #: what it has (cut short once none runs; what ends while a commit runs is committed
+    #: with the next one anyway).
+    linger: float = 0.002
     #: Whether this worker runs the background duties.
     duties: bool = True
     #: The owner its claims are held under (``None``: ``default_owner()``).
@@ -170,6 +171,8 @@ class Worker:
         self._lock = threading.Condition()
         self._held: dict[str, _Held] = {}
         self._running = 0  # handlers started and not ended
+        self._reserved = 0  # slots a claim in flight will fill
+        self._unsettled = 0  # outcomes handed to the settler and not committed yet
         self._stopping = threading.Event()
         self._outcomes: queue.SimpleQueue[tuple[_Held, Settlement] | None] = queue.SimpleQueue()
         self._pool = ThreadPoolExecutor(max_workers=settings.concurrency,
@@ -228,7 +231,7 @@ class Worker:
             log.event(_log, logging.INFO, f"stopping: releasing {len(unfinished)} unfinished "
                                           f"claims", owner=self.owner)
             for held in unfinished:
-                self._outcomes.put((held, Released(claim=held.claim)))
+                self._hand_over(held, Released(claim=held.claim))
         self._outcomes.put(None)  # the settler commits what is queued, then ends
         self._settled.wait()
         self._duties.stop()
@@ -247,7 +250,9 @@ class Worker:
         failures = 0
         while not self._stopping.is_set():
             with self._lock:
-                free = self._free()
+                # While outcomes are on their way the settler takes the next tasks in their
+                # commit; the claimer claims only for a worker with nothing to settle.
+                free = 0 if self._unsettled else self._reserve()
                 if free <= 0:
                     self._lock.wait(settings.poll)
                     continue
@@ -255,33 +260,42 @@ class Worker:
                 claims = self._store.claim_batch(self.owner, free, queues=self.queues,
                                                  lease=self._lease)
             except StoreError as exc:
+                self._take(free, [])
                 failures += 1
                 log.event(_log, logging.WARNING, "claim failed; trying again",
                           owner=self.owner, last_error=f"{type(exc).__name__}: {exc}")
                 self._stopping.wait(min(5.0, 0.05 * 2 ** min(failures, 7)))
                 continue
             failures = 0
+            self._take(free, claims)
             if not claims:
                 waiter.wait(settings.poll)
-                continue
-            with self._lock:
-                self.stats.claimed += len(claims)
-                for claim in claims:
-                    self._held[claim.task_id] = _Held(claim)
-            for claim in claims:
-                self._begin(self._held[claim.task_id])
 
-    def _free(self) -> int:
-        """How many tasks to claim now (under the lock).
+    def _reserve(self, settling: int = 0) -> int:
+        """Reserve the slots to claim for now (under the lock); ``_take`` gives them back.
 
         A slot is a handler that has not ended: one whose outcome waits for its commit
-        frees its slot, so the next tasks run while the settler commits. The claims held
-        in all stay bounded (``concurrency`` more for outcomes on their way, and the
-        prefetch), and every one of them is renewed.
+        frees its slot, so the next tasks run while the settler commits (``settling``
+        outcomes are about to leave). The claims held in all stay bounded (``concurrency``
+        more for outcomes on their way, and the prefetch), and every one is renewed.
         """
         settings = self._settings
-        slots = settings.concurrency + settings.prefetch - self._running
-        return min(slots, 2 * settings.concurrency + settings.prefetch - len(self._held))
+        slots = settings.concurrency + settings.prefetch - self._running - self._reserved
+        room = (2 * settings.concurrency + settings.prefetch - len(self._held) + settling
+                - self._reserved)
+        free = max(0, min(slots, room))
+        self._reserved += free
+        return free
+
+    def _take(self, reserved: int, claims: Sequence[Claim]) -> None:
+        """Hold and start ``claims``, made with ``reserved`` slots (which are given back)."""
+        with self._lock:
+            self._reserved -= reserved
+            self.stats.claimed += len(claims)
+            started = [self._held.setdefault(claim.task_id, _Held(claim)) for claim in claims]
+            self._lock.notify_all()
+        for held in started:
+            self._begin(held)
 
     def _begin(self, held: _Held) -> None:
         spec = self._app.handler_for(held.claim.queue)
@@ -337,9 +351,14 @@ class Worker:
             self._lock.notify_all()
         if keep:
             assert outcome is not None
-            self._outcomes.put((held, outcome))
+            self._hand_over(held, outcome)
 
     # -- settling -------------------------------------------------------------------------------
+
+    def _hand_over(self, held: _Held, outcome: Settlement) -> None:
+        with self._lock:
+            self._unsettled += 1
+        self._outcomes.put((held, outcome))
 
     def _settle_loop(self) -> None:
         try:
@@ -349,27 +368,51 @@ class Worker:
                 if first is None:
                     break
                 batch = [first]
-                linger_ends = time.monotonic() + self._settings.linger
-                while len(batch) < self._settings.settle_batch:
-                    try:
-                        timeout = linger_ends - time.monotonic()
-                        item = (self._outcomes.get(timeout=timeout) if timeout > 0
-                                else self._outcomes.get_nowait())
-                    except queue.Empty:
-                        break
-                    if item is None:
-                        closing = True
-                        break
-                    batch.append(item)
+                closing = self._gather(batch)
                 self._settle(batch)
         finally:
             self._settled.set()
 
+    def _gather(self, batch: list[tuple[_Held, Settlement]]) -> bool:
+        """Add to ``batch`` what else is ready to commit with it; whether the queue closed.
+
+        Everything already handed over joins, and for up to ``linger`` seconds so does what
+        handlers still running end with: a group commit, cut short as soon as no handler is
+        left running, so it never waits for nothing.
+        """
+        settings = self._settings
+        linger_ends = time.monotonic() + settings.linger
+        while len(batch) < settings.settle_batch:
+            try:
+                item = self._outcomes.get_nowait()
+            except queue.Empty:
+                remaining = linger_ends - time.monotonic()
+                if remaining <= 0 or not self._running:
+                    return False
+                try:
+                    item = self._outcomes.get(timeout=min(remaining, 0.0005))
+                except queue.Empty:
+                    continue
+            if item is None:
+                return True
+            batch.append(item)
+        return False
+
     def _settle(self, batch: list[tuple[_Held, Settlement]]) -> None:
+        # A busy worker takes its next tasks in the transaction that commits these outcomes:
+        # one commit for both (unless it is stopping).
+        with self._lock:
+            free = 0 if self._stopping.is_set() else self._reserve(settling=len(batch))
         failures = 0
+        claims: list[Claim] = []
         while True:
             try:
-                settled = self._store.settle([outcome for _, outcome in batch])
+                outcomes = [outcome for _, outcome in batch]
+                if free:
+                    settled, claims = self._store.settle_and_claim(
+                        outcomes, self.owner, free, queues=self.queues, lease=self._lease)
+                else:
+                    settled = self._store.settle(outcomes)
                 break
             except StoreError as exc:
                 # Nothing committed (StoreUnavailable), or maybe it did (OutcomeUnknown): the
@@ -378,6 +421,9 @@ class Worker:
                 log.event(_log, logging.WARNING, "commit of outcomes failed; trying again",
                           owner=self.owner, last_error=f"{type(exc).__name__}: {exc}")
                 if self._stopping.is_set() and failures > 5:
+                    with self._lock:  # given up: their leases will run out
+                        self._unsettled -= len(batch)
+                    self._take(free, [])
                     return
                 time.sleep(min(5.0, 0.05 * 2 ** min(failures, 7)))
         again: list[tuple[_Held, Settlement]] = []
@@ -390,8 +436,11 @@ class Worker:
                     continue
                 self._held.pop(held.claim.task_id, None)
             self._lock.notify_all()
-        for item in again:
-            self._outcomes.put(item)
+        with self._lock:
+            self._unsettled -= len(batch)
+        self._take(free, claims)
+        for held, outcome in again:
+            self._hand_over(held, outcome)
 
     def _after_settle(self, held: _Held, outcome: Settlement,
                       result: Settled) -> Settlement | None:
