@@ -48,7 +48,8 @@ def principal_of(settings: Settings, auth: AuthContext) -> str:
         raise Unauthorized(f"the principal is not a usable identity: {exc.problem}") from None
     if principal.startswith(FOLLOW_UP_NAMESPACES):
         raise Unauthorized(f"principal {principal!r} is reserved: names beginning with "
-                           f"{' or '.join(map(repr, FOLLOW_UP_NAMESPACES))} identify follow-ups")
+                           f"{' or '.join(map(repr, FOLLOW_UP_NAMESPACES))} identify the "
+                           f"tasks postroom makes itself (follow-ups, re-runs)")
     return principal
 
 
@@ -175,23 +176,28 @@ def _inbox(checked: CheckedEnvelope, now: float) -> dict[str, object]:
             "envelope": checked.envelope, "now": now}
 
 
-def _task(checked: CheckedEnvelope, decision: TaskDecision, now: float) -> dict[str, object]:
+def _task(checked: CheckedEnvelope, decision: TaskDecision, now: float,
+          priority_weight: float) -> dict[str, object]:
     return {"task_id": checked.task_id, "principal": checked.principal,
             "message_id": checked.message_id, "queue": checked.queue,
             "state": decision.to_state.value, "payload": checked.payload,
             "deadline": checked.deadline, "max_attempts": checked.max_attempts,
             "hops": checked.hops, "parent_task_id": checked.parent_task_id,
             "correlation_id": checked.correlation_id, "requester": checked.requester,
-            "result": decision.result, "last_error": decision.last_error, "now": now}
+            "result": decision.result, "last_error": decision.last_error, "now": now,
+            "available_at": decision.available_at, "not_before": checked.not_before,
+            "priority": checked.priority, "priority_weight": priority_weight,
+            "retry_of": checked.retry_of}
 
 
 def _insert_tasks(tx: Tx, settings: Settings, items: Sequence[CheckedEnvelope]) -> None:
     """Create the tasks of newly stored messages, with the replies of born-terminal ones."""
     now = tx.now
     decided = [(checked, transitions.initial_state(
-        deadline=checked.deadline, hops=checked.hops, max_hops=settings.max_hops, now=now))
-        for checked in items]
-    rows = [_task(checked, decision, now) for checked, decision in decided]
+        deadline=checked.deadline, hops=checked.hops, max_hops=settings.max_hops, now=now,
+        not_before=checked.not_before)) for checked in items]
+    rows = [_task(checked, decision, now, settings.priority_weight)
+            for checked, decision in decided]
     tx.change_many("task_insert", rows)
     outbox.insert_replies(tx, settings, [
         (row, decision.to_state, decision.reply_result)

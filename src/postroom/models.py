@@ -41,6 +41,7 @@ __all__ = [
     "Requeue",
     "ResumeResult",
     "Resumption",
+    "Retry",
     "Schedule",
     "Settled",
     "Settlement",
@@ -108,6 +109,12 @@ class Envelope:
     queue: str = "default"
     correlation_id: str | None = None
     parent_task_id: str | None = None
+    #: Not claimable before this time (seconds since the epoch, the store's clock); the task
+    #: is stored at once, and the ACK still means "durably stored".
+    not_before: float | None = None
+    #: -10..10, higher first: a level is worth ``Settings.priority_weight`` seconds of
+    #: waiting, so a lower priority is never starved (see ``Settings.priority_weight``).
+    priority: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The envelope's fields as a plain dict."""
@@ -122,6 +129,8 @@ class Envelope:
             "queue": self.queue,
             "correlation_id": self.correlation_id,
             "parent_task_id": self.parent_task_id,
+            "not_before": self.not_before,
+            "priority": self.priority,
         }
 
 
@@ -281,6 +290,9 @@ class Task:
     last_error: str | None
     created_at: float
     updated_at: float
+    not_before: float | None = None  # not claimable before this time (``None``: at once)
+    priority: int = 0  # -10..10, higher first (see ``Settings.priority_weight``)
+    retry_of: str | None = None  # the task an operator's re-run repeats
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Task:
@@ -307,6 +319,9 @@ class Task:
             last_error=row["last_error"],
             created_at=float(row["created_at"]),
             updated_at=float(row["updated_at"]),
+            not_before=None if row["not_before"] is None else float(row["not_before"]),
+            priority=int(row["priority"]),
+            retry_of=row["retry_of"],
         )
 
 
@@ -425,6 +440,26 @@ class TaskStory:
     deliveries: list[Attempt]
     requeues: list[Requeue]
     waits: list[Wait]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Retry:
+    """A recorded operator decision to run a failed, expired or cancelled task again: the
+    ``number``-th re-run of ``task_id``, which made ``new_task_id``."""
+
+    task_id: str
+    number: int
+    new_task_id: str
+    operator: str
+    reason: str
+    retried_at: float
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Retry:
+        """Build from a ``task_retries`` row."""
+        return cls(task_id=row["task_id"], number=int(row["number"]),
+                   new_task_id=row["new_task_id"], operator=row["operator"],
+                   reason=row["reason"], retried_at=float(row["retried_at"]))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -858,6 +893,7 @@ class QueueStatus:
     ``received`` tasks are pending (waiting to be claimed, now or after a backoff) and
     ``processing`` ones running. ``outcomes`` counts, for every terminal task state, the tasks
     that ever reached it (cumulative since the store began: pruning does not take them back).
+    ``paused`` says an operator paused it (``Store.pause_queue``): its tasks wait, unclaimed.
     ``deliveries`` counts replies by delivery state: ``pending``, ``sending`` and ``dead`` as
     they are now, ``sent`` cumulative like the outcomes; ``awaiting_endpoint`` is how many of
     the pending ones wait for their requester to have an endpoint (they spend no delivery
@@ -872,6 +908,7 @@ class QueueStatus:
     deliveries: dict[ReplyState, int]
     awaiting_endpoint: int
     oldest_pending_age: float | None
+    paused: bool = False  # an operator paused it: none of its tasks is claimed
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

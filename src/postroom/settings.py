@@ -100,6 +100,11 @@ class Settings:
     delivery_backoff: Backoff = field(default_factory=ExponentialBackoff)
     #: At most this many expired leases / passed deadlines are handled per sweep.
     sweep_limit: int = 100
+    #: Seconds of waiting one priority level is worth: a task runs before one of a lower
+    #: priority unless that one became claimable more than ``difference * priority_weight``
+    #: seconds earlier. Priorities order a queue, and the lowest is never starved (it waits
+    #: at most ``20 * priority_weight`` behind fresher work of the highest).
+    priority_weight: float = 60.0
     #: Principals allowed to send messages; ``None`` admits every authenticated principal.
     allowed_sources: frozenset[str] | None = None
     #: Input limits (may only be lowered).
@@ -107,6 +112,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         check_lease(self.lease)
+        _bounded("priority_weight", self.priority_weight, 0.0, _DAY)
         check_lease(self.dispatch_lease, "dispatch_lease")
         if self.retention is not None:
             check_retention(self.retention)

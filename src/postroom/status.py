@@ -175,14 +175,18 @@ def store_status(tx: Tx) -> StoreStatus:
             of_queue = counts.setdefault(row["queue"], {})
             of_queue[kind, state] = of_queue.get((kind, state), 0) + n
     waits = {row["name"]: int(row["n"]) for row in tx.all("status_wait_counts")}
+    paused = {row["queue"] for row in tx.all("queues_paused")}
+    for queue in paused:
+        counts.setdefault(queue, {})
     return StoreStatus(
-        at=tx.now, queues={queue: _queue_status(tx, queue, counts[queue])
+        at=tx.now, queues={queue: _queue_status(tx, queue, counts[queue], queue in paused)
                            for queue in sorted(counts)},
         open_waits=waits.get("open_waits", 0), dead_replies=dead,
         continuations_unconsumed=waits.get("continuations_unconsumed", 0))
 
 
-def _queue_status(tx: Tx, queue: str, counts: Mapping[tuple[str, str], int]) -> QueueStatus:
+def _queue_status(tx: Tx, queue: str, counts: Mapping[tuple[str, str], int],
+                  paused: bool) -> QueueStatus:
     received = counts.get(("task", TaskState.PENDING.value), 0)
     # The head of the queue as a claim would take it (the same query, so the same rule).
     head = tx.one("claim_head", queue=queue, now=tx.now) if received else None
@@ -194,7 +198,7 @@ def _queue_status(tx: Tx, queue: str, counts: Mapping[tuple[str, str], int]) -> 
         processing=counts.get(("task", TaskState.RUNNING.value), 0),
         outcomes={state: counts.get(("task", state.value), 0)
                   for state in TaskState if state.terminal},
-        deliveries=deliveries, awaiting_endpoint=parked,
+        deliveries=deliveries, awaiting_endpoint=parked, paused=paused,
         oldest_pending_age=None if head is None else tx.now - float(head["available_at"]))
 
 

@@ -16,6 +16,7 @@ from postroom import (
     endpoints,
     inbox,
     outbox,
+    queues,
     retention,
     signing,
     status,
@@ -57,6 +58,7 @@ from postroom.models import (
     ReplyState,
     Requeue,
     Resumption,
+    Retry,
     Settled,
     Settlement,
     SignalReceipt,
@@ -79,6 +81,7 @@ from postroom.validation import (
     check_batch,
     check_bool,
     check_claim,
+    check_int,
     check_json,
     check_limit,
     check_number,
@@ -359,6 +362,93 @@ class Store:
             return []
         return self._db.write(tasks.RENEW_ALL, lambda tx: tasks.renew_all(
             tx, checked, lease=seconds))
+
+    # -- operators' flow control: re-runs, paused and limited queues -------------------------
+
+    def retry(self, task_id: str, *, operator: str, reason: str,
+              deadline: float | None = None) -> Retry:
+        """Run a failed, expired or cancelled task again: a recorded operator decision (who,
+        when, why) that makes a new task linked to the old one (``retry_of``), never a
+        rewrite of the old task's terminal state or its reply.
+
+        The new task has the old one's payload, queue, limits, priority, chain and requester;
+        its deadline is ``deadline``, or as far from now as the old one's was from its
+        creation. ``Conflict`` for a task in another state, ``NotFound`` for none.
+        """
+        check_text(task_id, "task_id", max_bytes=TASK_ID_BYTES)
+        check_text(operator, "operator", max_bytes=self._settings.limits.text_bytes)
+        check_text(reason, "reason", max_bytes=4096)
+        when = None if deadline is None else check_number(deadline, "deadline")
+        return self._db.write(tasks.RETRY, lambda tx: tasks.retry(
+            tx, self._settings, task_id, operator=operator, reason=reason, deadline=when))
+
+    def retry_many(self, *, operator: str, reason: str,
+                   state: TaskState | str | None = None, queue: str | None = None,
+                   created_after: float | None = None, created_before: float | None = None,
+                   dry_run: bool = False, limit: int = 1000) -> list[Task | Retry]:
+        """Run again every failed, expired or cancelled task that the filters name (``state``
+        one of those three, or all of them), at most ``limit``, newest first, each its own
+        recorded decision in a transaction of its own. With ``dry_run``, only list the tasks
+        that would be run again (as ``Task``), writing nothing."""
+        check_text(operator, "operator", max_bytes=self._settings.limits.text_bytes)
+        check_text(reason, "reason", max_bytes=4096)
+        check_bool(dry_run, "dry_run")
+        check_limit(limit)
+        states = ([status.check_state(state, TaskState)] if state is not None
+                  else sorted(tasks.RERUNNABLE))
+        if any(wanted not in tasks.RERUNNABLE for wanted in states):
+            raise InvalidInput("state", f"only failed, expired or cancelled tasks can be run "
+                                        f"again, not {states[0].value}")
+        chosen: list[Task] = []
+        for wanted in states:
+            cursor: str | None = None
+            while len(chosen) < limit:
+                page = self.list_tasks(state=wanted, queue=queue, created_after=created_after,
+                                       created_before=created_before,
+                                       limit=min(1000, limit - len(chosen)), cursor=cursor)
+                chosen.extend(page.items)
+                cursor = page.next_cursor
+                if cursor is None:
+                    break
+        if dry_run:
+            return list(chosen)
+        return [self.retry(task.task_id, operator=operator, reason=reason) for task in chosen]
+
+    def retries(self, task_id: str) -> list[Retry]:
+        """The recorded re-runs of ``task_id``, oldest first."""
+        check_text(task_id, "task_id", max_bytes=TASK_ID_BYTES)
+        return self._db.read(lambda tx: [Retry.from_row(row) for row in tx.all(
+            "task_retries_of", task_id=task_id)])
+
+    def pause_queue(self, queue: str, *, operator: str, reason: str) -> bool:
+        """Pause ``queue`` for every host, durably: none of its tasks is claimed until
+        ``resume_queue`` (running ones finish). ``False`` if it was paused already."""
+        check_text(queue, "queue", max_bytes=self._settings.limits.text_bytes)
+        check_text(operator, "operator", max_bytes=self._settings.limits.text_bytes)
+        check_text(reason, "reason", max_bytes=4096)
+        return self._db.write(queues.PAUSE, lambda tx: queues.pause(
+            tx, queue, operator=operator, reason=reason))
+
+    def resume_queue(self, queue: str) -> bool:
+        """Resume a paused queue; ``False`` if it was not paused."""
+        check_text(queue, "queue", max_bytes=self._settings.limits.text_bytes)
+        return self._db.write(queues.RESUME, lambda tx: queues.resume(tx, queue))
+
+    def paused_queues(self) -> list[queues.Paused]:
+        """Every paused queue: who paused it, when and why."""
+        return self._db.read(queues.paused)
+
+    def set_queue_limit(self, queue: str, running: int | None) -> None:
+        """Let at most ``running`` tasks of ``queue`` run at once across every host (``None``
+        lifts the limit). Enforced when tasks are claimed; lowering it stops nothing."""
+        check_text(queue, "queue", max_bytes=self._settings.limits.text_bytes)
+        if running is not None:
+            check_int(running, "running", low=1, high=queues.MAX_LIMIT)
+        self._db.write(queues.LIMIT, lambda tx: queues.set_limit(tx, queue, running))
+
+    def queue_limits(self) -> dict[str, int]:
+        """Every limited queue and how many of its tasks may run at once."""
+        return self._db.read(queues.limits)
 
     def cancel(self, task_id: str, *, reason: str = "cancelled") -> bool:
         """Cancel a pending or running task; ``False`` if it is already terminal."""

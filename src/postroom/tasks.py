@@ -15,12 +15,12 @@ from typing import Any
 from postroom import log, outbox, transitions, waits
 from postroom.db.database import NotAllApplied, Tx, Write
 from postroom.db.dialect import Row
-from postroom.errors import Fenced, NotFound, PostroomError, WaitNotOpened
+from postroom.errors import Conflict, Fenced, NotFound, PostroomError, WaitNotOpened
 from postroom.inbox import store_message
-from postroom.models import Claim, OpenResult, Settled, TaskState, WaitOpening
+from postroom.models import Claim, OpenResult, Retry, Settled, TaskState, WaitOpening
 from postroom.settings import Settings
 from postroom.transitions import TaskDecision
-from postroom.validation import CheckedEnvelope
+from postroom.validation import RETRIES, CheckedEnvelope, check_envelope
 
 __all__ = [
     "CANCEL",
@@ -30,6 +30,8 @@ __all__ = [
     "RELEASE",
     "RENEW",
     "RENEW_ALL",
+    "RERUNNABLE",
+    "RETRY",
     "SETTLE",
     "SWEEP",
     "Settling",
@@ -47,6 +49,7 @@ __all__ = [
     "release",
     "renew",
     "renew_all",
+    "retry",
     "settle",
     "sweep",
 ]
@@ -60,6 +63,8 @@ RELEASE = Write("release")
 SETTLE = Write("settle")
 #: Many claims' leases extended together.
 RENEW_ALL = Write("renew_all")
+#: An operator's decision to run a task again.
+RETRY = Write("retry")
 CANCEL = Write("cancel")
 SWEEP = Write("sweep")
 
@@ -85,7 +90,7 @@ def apply(tx: Tx, settings: Settings, task_id: str, decision: TaskDecision, *,
     the guarded update matched.
     """
     row = tx.one("task_apply", task_id=task_id, from_state=from_state.value, fence=fence,
-                 now=tx.now, **_decided(decision))
+                 now=tx.now, **_decided(decision, settings))
     if row is None:
         return False
     after(tx, settings, row, decision)
@@ -123,20 +128,23 @@ def _current(claim: Claim, now: float) -> dict[str, Any]:
             "now": now, **{field: getattr(claim, field) for field, _, _ in _COPIED}}
 
 
-def _decided(decision: TaskDecision) -> dict[str, Any]:
+def _decided(decision: TaskDecision, settings: Settings) -> dict[str, Any]:
     """The parameters that apply ``decision`` (the guarded statement adds where and when)."""
     return {"to_state": decision.to_state.value, "available_at": decision.available_at,
+            "priority_weight": settings.priority_weight,
             "result": decision.result, "last_error": decision.last_error,
             "ended": None if decision.ended is None else decision.ended.value}
 
 
-def _owned(claim: Claim, decision: TaskDecision, now: float) -> dict[str, Any]:
+def _owned(claim: Claim, decision: TaskDecision, now: float,
+           settings: Settings) -> dict[str, Any]:
     """Parameters of ``task_apply_owned``: apply ``decision`` while ``claim`` is current."""
-    return _current(claim, now) | _decided(decision) | {"give_back": int(decision.gives_back)}
+    return (_current(claim, now) | _decided(decision, settings)
+            | {"give_back": int(decision.gives_back)})
 
 
 def _apply_owned(tx: Tx, settings: Settings, claim: Claim, decision: TaskDecision) -> Row:
-    row = tx.one("task_apply_owned", **_owned(claim, decision, tx.now))
+    row = tx.one("task_apply_owned", **_owned(claim, decision, tx.now, settings))
     if row is None:
         raise fenced(tx, claim)
     after(tx, settings, row, decision)
@@ -236,30 +244,49 @@ def due(tx: Tx, queues: Sequence[str]) -> bool:
 
 def claim(tx: Tx, settings: Settings, *, owner: str, queues: Sequence[str], limit: int,
           lease: float) -> list[Claim]:
-    """Sweep, then claim up to ``limit`` tasks from ``queues``, oldest available first."""
+    """Sweep, then claim up to ``limit`` tasks from ``queues``, in order of ``claim_at``.
+
+    A paused queue gives nothing; a queue with a limit gives no more than it has free slots,
+    one for each task it hands out (a slot is free again once its task stops running).
+    """
     sweep(tx, settings, SweepCounts())
     now = tx.now
-    ordered = list(queues)
+    controls = {queue: tx.one("queue_controls", queue=queue) for queue in dict.fromkeys(queues)}
+    ordered = [queue for queue, row in controls.items() if row is None or not row["paused"]]
     if len(ordered) > 1:
-        # Several queues: one index probe per queue finds each head, and the oldest head goes
-        # first. (A single ORDER BY across queues would need a temporary sort.)
+        # Several queues: one index probe per queue finds each head, and the earliest head
+        # goes first. (A single ORDER BY across queues would need a temporary sort.)
         heads = []
-        for queue in dict.fromkeys(ordered):
+        for queue in ordered:
             row = tx.one("claim_head", queue=queue, now=now)
             if row is not None:
-                heads.append((float(row["available_at"]), queue))
+                heads.append((float(row["claim_at"]), queue))
         ordered = [queue for _, queue in sorted(heads)]
     claims: list[Claim] = []
     for queue in ordered:
-        rows = tx.all("claim_tasks", queue=queue, now=now, limit=limit - len(claims),
+        want = limit - len(claims)
+        control = controls[queue]
+        capped = control is not None and control["running_limit"] is not None
+        slots = ([int(row["slot"]) for row in tx.all("queue_free_slots", queue=queue,
+                                                      limit=want)] if capped else [])
+        if capped and not slots:
+            continue
+        rows = tx.all("claim_tasks", queue=queue, now=now, limit=len(slots) if capped else want,
                       owner=owner, lease_until=now + lease)
-        claims.extend(claim_from_row(row, owner) for row in rows)
+        # The statement hands its rows back in no promised order: put them in the queue's.
+        ordered_rows = sorted(rows, key=lambda row: (float(row["claim_at"]),
+                                                     float(row["created_at"]), row["task_id"]))
+        taken = [claim_from_row(row, owner) for row in ordered_rows]
+        for held, slot in zip(taken, slots, strict=False):
+            tx.change("queue_slot_take", queue=queue, slot=slot, task_id=held.task_id,
+                      fence=held.fence)
+        claims.extend(taken)
         if len(claims) >= limit:
             break
     if _log.isEnabledFor(logging.DEBUG):
-        for taken in claims:
-            tx.log(_log, logging.DEBUG, "task claimed", task_id=taken.task_id, owner=owner,
-                   fence=taken.fence, attempt=taken.attempt, state=TaskState.RUNNING.value)
+        for one in claims:
+            tx.log(_log, logging.DEBUG, "task claimed", task_id=one.task_id, owner=owner,
+                   fence=one.fence, attempt=one.attempt, state=TaskState.RUNNING.value)
     return claims
 
 
@@ -300,7 +327,7 @@ def finish_all(tx: Tx, settings: Settings, items: Sequence[tuple[Claim, str]]) -
     now = tx.now
     decisions = [(claim, transitions.finish(result_json=result, now=now))
                  for claim, result in items]
-    rows = tx.one_each("task_apply_owned", [_owned(claim, decision, now)
+    rows = tx.one_each("task_apply_owned", [_owned(claim, decision, now, settings)
                                             for claim, decision in decisions])
     if any(row is None for row in rows):
         raise NotAllApplied("task_apply_owned")
@@ -384,7 +411,7 @@ def settle(tx: Tx, settings: Settings, items: Sequence[Settling]) -> list[Settle
     settled: dict[int, Settled] = {}
     plain = [(index, item, item.decide(now)) for index, item in enumerate(items)
              if not item.follow_ups and not item.opens]
-    rows = tx.one_each("task_apply_owned", [_owned(item.claim, decision, now)
+    rows = tx.one_each("task_apply_owned", [_owned(item.claim, decision, now, settings)
                                             for _, item, decision in plain])
     moved: list[tuple[Row, TaskDecision]] = []
     for (index, item, decision), row in zip(plain, rows, strict=True):
@@ -437,3 +464,45 @@ def renew_all(tx: Tx, claims: Sequence[Claim], *, lease: float) -> list[Claim | 
         else:
             renewed.append(replace(claim, lease_until=float(row["lease_until"])))
     return renewed
+
+
+#: The terminal states an operator may run again (a done task did its work; a task stopped
+#: at its hop limit would stop there again).
+RERUNNABLE = frozenset({TaskState.FAILED, TaskState.EXPIRED, TaskState.CANCELLED})
+
+
+def retry(tx: Tx, settings: Settings, task_id: str, *, operator: str, reason: str,
+          deadline: float | None) -> Retry:
+    """Run a failed, expired or cancelled task again: a new task, linked to the old one by
+    ``retry_of`` and by a recorded decision (who, when, why); the old task, its terminal
+    state and its reply stay as they are.
+
+    The new task is the old one's payload, queue, limits, priority, chain and requester,
+    identified as the n-th re-run of the old task (``retry:<task_id>``, ``n``). Its deadline
+    is ``deadline``, or as far from now as the old one was from its creation.
+    """
+    row = tx.one("task_get_locked", task_id=task_id)
+    if row is None:
+        raise NotFound(f"no task {task_id}")
+    state = TaskState(row["state"])
+    if state not in RERUNNABLE:
+        raise Conflict(f"task {task_id} is {state.value}: only a failed, expired or cancelled "
+                       f"task can be run again")
+    counted = tx.one("task_retry_count", task_id=task_id)
+    number = (int(counted["n"]) if counted is not None else 0) + 1
+    budget = float(row["deadline"]) - float(row["created_at"])
+    fields = {"message_id": str(number), "sender": RETRIES + task_id,
+              "payload": json.loads(row["payload"]),
+              "deadline": deadline if deadline is not None else tx.now + max(budget, 1.0),
+              "max_attempts": int(row["max_attempts"]), "hops": int(row["hops"]),
+              "queue": row["queue"], "correlation_id": row["correlation_id"],
+              "parent_task_id": row["parent_task_id"], "priority": int(row["priority"])}
+    checked = replace(check_envelope(RETRIES + task_id, fields, limits=settings.limits),
+                      requester=row["requester"], retry_of=task_id)
+    store_message(tx, settings, checked)
+    tx.change("task_retry_insert", task_id=task_id, number=number,
+              new_task_id=checked.task_id, operator=operator, reason=reason, now=tx.now)
+    tx.log(_log, logging.INFO, "task run again", task_id=task_id, state=state.value,
+           operator=operator)
+    return Retry(task_id=task_id, number=number, new_task_id=checked.task_id,
+                 operator=operator, reason=reason, retried_at=tx.now)

@@ -204,15 +204,18 @@ def _terminal(state: TaskState, now: float, *, result: str | None = None,
                         reply_result=result_json, ended=ended)
 
 
-def initial_state(*, deadline: float, hops: int, max_hops: int, now: float) -> TaskDecision:
-    """A newly received task: ``pending``, or terminal if it can never run."""
+def initial_state(*, deadline: float, hops: int, max_hops: int, now: float,
+                  not_before: float | None = None) -> TaskDecision:
+    """A newly received task: ``pending`` (claimable from ``not_before`` if it is later than
+    now), or terminal if it can never run."""
     if deadline <= now:
         return _terminal(TaskState.EXPIRED, now,
                          error=f"deadline {deadline} had passed when it arrived at {now}")
     if hops >= max_hops:
         return _terminal(TaskState.HOP_LIMIT, now,
                          error=f"hops {hops} reached the limit of {max_hops}")
-    return TaskDecision(to_state=TaskState.PENDING, available_at=now)
+    available = now if not_before is None else max(now, not_before)
+    return TaskDecision(to_state=TaskState.PENDING, available_at=available)
 
 
 def lease_expired(*, attempts: int, max_attempts: int, now: float) -> TaskDecision:

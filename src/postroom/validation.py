@@ -88,7 +88,12 @@ def task_id_for(principal: str, message_id: str) -> str:
 #: and make every resume or finish that enqueues that follow-up a collision.
 TASK_FOLLOW_UPS = "task:"
 WAIT_FOLLOW_UPS = "wait:"
-FOLLOW_UP_NAMESPACES = (TASK_FOLLOW_UPS, WAIT_FOLLOW_UPS)
+#: The namespace of an operator's re-runs of a task (``retry:`` + its task_id).
+RETRIES = "retry:"
+#: Principals no sender may be: they identify the tasks postroom makes itself.
+FOLLOW_UP_NAMESPACES = (TASK_FOLLOW_UPS, WAIT_FOLLOW_UPS, RETRIES)
+#: Priorities run from -PRIORITY_LIMIT to PRIORITY_LIMIT (higher first).
+PRIORITY_LIMIT = 10
 
 #: The most UTF-8 bytes a ``task_id`` argument may have (ids are 64 hex characters).
 TASK_ID_BYTES = 128
@@ -463,6 +468,10 @@ class CheckedEnvelope:
     #: Who its reply goes to: the principal that sent the chain's root (itself, unless a
     #: follow-up). Derived, never part of the envelope or its fingerprint.
     requester: str | None = None
+    not_before: float | None = None
+    priority: int = 0
+    #: The task this one runs again (an operator's re-run), never from an envelope.
+    retry_of: str | None = None
 
 
 def check_envelope(principal: str, envelope: Mapping[str, object], *,
@@ -489,7 +498,15 @@ def check_envelope(principal: str, envelope: Mapping[str, object], *,
                        max_bytes=limits.text_bytes, error=e)
     correlation_id = _optional_text(envelope.get("correlation_id"), "correlation_id", limits)
     parent_task_id = _optional_text(envelope.get("parent_task_id"), "parent_task_id", limits)
-    document = {
+    raw_not_before = envelope.get("not_before")
+    not_before = (None if raw_not_before is None
+                  else check_number(raw_not_before, "not_before", error=e))
+    if not_before is not None and not_before >= deadline:
+        raise e("not_before", f"is {not_before}, not before the deadline {deadline}: the task "
+                              f"could never run")
+    priority = check_int(envelope.get("priority", 0), "priority", low=-PRIORITY_LIMIT,
+                         high=PRIORITY_LIMIT, error=e)
+    document: dict[str, object] = {
         "message_id": message_id,
         "sender": sender,
         "deadline": deadline,
@@ -500,12 +517,20 @@ def check_envelope(principal: str, envelope: Mapping[str, object], *,
         "correlation_id": correlation_id,
         "parent_task_id": parent_task_id,
     }
+    # Scheduling fields are in the fingerprint only when given: an envelope that does not
+    # use them keeps the fingerprint it always had (a resend stays a duplicate).
+    if not_before is not None:
+        document["not_before"] = not_before
+    if priority:
+        document["priority"] = priority
     # The payload is already canonical text: splice it in where its key sorts (just before
-    # "queue", which every envelope has) instead of encoding it a second time. A quote in
-    # any value is escaped, so ',"queue":' can only be the key itself; a unit test pins
-    # that the result equals ``canonical_json`` of the whole envelope.
-    head, tail = _ENCODER.encode(document).split(',"queue":', 1)
-    text = head + ',"payload":' + payload + ',"queue":' + tail
+    # "priority" when there is one, else before "queue", which every envelope has) instead of
+    # encoding it a second time. A quote in any value is escaped, so the key can only be the
+    # key itself; a unit test pins that the result equals ``canonical_json`` of the whole
+    # envelope.
+    following = ',"priority":' if priority else ',"queue":'
+    head, tail = _ENCODER.encode(document).split(following, 1)
+    text = head + ',"payload":' + payload + following + tail
     return CheckedEnvelope(
         task_id=task_id_for(principal, message_id),
         principal=principal,
@@ -521,6 +546,8 @@ def check_envelope(principal: str, envelope: Mapping[str, object], *,
         envelope=text,
         fingerprint=fingerprint(text),
         requester=principal,
+        not_before=not_before,
+        priority=priority,
     )
 
 

@@ -111,7 +111,8 @@ def test_an_owners_decision_never_walks_the_tasks_that_share_its_deadline(store,
                                     for i in range(start, start + 500)])
     store.finish_batch([(claim, None) for claim in store.claim_batch("w", 1000)])
     claim = store.claim_batch("w", 50)[0]
-    params = tasks._owned(claim, transitions.finish(result_json="null", now=START), START)
+    params = tasks._owned(claim, transitions.finish(result_json="null", now=START), START,
+                          store.settings)
     lines = explain(store, "task_apply_owned", params)
     assert not any("tasks_live_deadlines" in line for line in lines), "\n".join(lines)
     assert plan_problems(database_of(store).dialect.name, lines) == [], "\n".join(lines)

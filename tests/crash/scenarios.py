@@ -328,6 +328,87 @@ class Cancel(CommitCrash):
         world.dispatch()
 
 
+class Retry(CommitCrash):
+    """The process dies running a cancelled task again (the new task, its inbox row and the
+    operator's record: one transaction)."""
+
+    def steps(self, world: World) -> Sequence[Call]:
+        world.store.cancel(TASK)
+        return [call("retry", task_id=TASK)]
+
+    def left_nothing(self, world: World) -> None:
+        assert world.store.retries(TASK) == []
+
+    def left_everything(self, world: World) -> None:
+        (retry,) = world.store.retries(TASK)
+        assert world.store.task(retry.new_task_id).retry_of == TASK
+
+    def retry(self, world: World) -> None:
+        done = world.store.retry(TASK, operator="op", reason="again")
+        # A committed re-run is a decision made: running it again is a second decision.
+        assert done.number == (2 if self.committed else 1)
+        world.dispatch()
+
+
+class Pause(CommitCrash):
+    """The process dies pausing a queue: paused for every host, or not at all."""
+
+    def steps(self, world: World) -> Sequence[Call]:
+        return [call("pause", queue="default")]
+
+    def left_nothing(self, world: World) -> None:
+        assert world.store.paused_queues() == []
+
+    def left_everything(self, world: World) -> None:
+        assert [p.queue for p in world.store.paused_queues()] == ["default"]
+
+    def retry(self, world: World) -> None:
+        assert world.store.pause_queue("default", operator="op", reason="again") is not (
+            self.committed)
+        world.store.resume_queue("default")
+        world.work()
+        world.dispatch()
+
+
+class ResumeQueue(CommitCrash):
+    """The process dies resuming a paused queue."""
+
+    def steps(self, world: World) -> Sequence[Call]:
+        world.store.pause_queue("default", operator="op", reason="before")
+        return [call("resume_queue", queue="default")]
+
+    def left_nothing(self, world: World) -> None:
+        assert [p.queue for p in world.store.paused_queues()] == ["default"]
+
+    def left_everything(self, world: World) -> None:
+        assert world.store.paused_queues() == []
+
+    def retry(self, world: World) -> None:
+        assert world.store.resume_queue("default") is not self.committed
+        world.work()
+        world.dispatch()
+
+
+class Limit(CommitCrash):
+    """The process dies limiting a queue: the limit and its slots, or nothing."""
+
+    def steps(self, world: World) -> Sequence[Call]:
+        return [call("limit", queue="default", running=2)]
+
+    def left_nothing(self, world: World) -> None:
+        assert world.store.queue_limits() == {}
+
+    def left_everything(self, world: World) -> None:
+        assert world.store.queue_limits() == {"default": 2}
+
+    def retry(self, world: World) -> None:
+        world.store.set_queue_limit("default", 2)
+        assert world.store.queue_limits() == {"default": 2}
+        world.store.set_queue_limit("default", None)
+        world.work()
+        world.dispatch()
+
+
 class Sweep(CommitCrash):
     """A sweeper dies recovering a dead worker's expired lease."""
 
@@ -559,6 +640,10 @@ CRASHES: dict[str, Crash] = {
     **commits("renew_all", RenewAll),
     **commits("release", Release),
     **commits("cancel", Cancel),
+    **commits("retry", Retry),
+    **commits("queue.pause", Pause),
+    **commits("queue.resume", ResumeQueue),
+    **commits("queue.limit", Limit),
     **commits("sweep", Sweep),
     **commits("requeue", Requeue),
     **commits("prune", Prune),

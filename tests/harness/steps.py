@@ -94,6 +94,27 @@ def _cancel(ctx: Context, task_id: str) -> bool:
     return ctx.store.cancel(task_id)
 
 
+@step("retry")
+def _retry(ctx: Context, task_id: str) -> str:
+    """Run a cancelled (failed, expired) task again; the new task's id."""
+    return ctx.store.retry(task_id, operator="op", reason="test").new_task_id
+
+
+@step("pause")
+def _pause(ctx: Context, queue: str) -> bool:
+    return ctx.store.pause_queue(queue, operator="op", reason="test")
+
+
+@step("resume_queue")
+def _resume_queue(ctx: Context, queue: str) -> bool:
+    return ctx.store.resume_queue(queue)
+
+
+@step("limit")
+def _limit(ctx: Context, queue: str, running: int | None) -> None:
+    ctx.store.set_queue_limit(queue, running)
+
+
 @step("sweep")
 def _sweep(ctx: Context) -> postroom.Swept:
     return ctx.store.sweep()

@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("Core", ("errors", "models", "validation", "transitions", "machines", "clock", "faults",
               "settings", "log", "signing")),
     ("DB", ("db",)),
-    ("Rules", ("inbox", "tasks", "outbox", "waits", "receiver", "retention", "status",
+    ("Rules", ("inbox", "tasks", "outbox", "waits", "receiver", "retention", "status", "queues",
                "audit", "transports", "endpoints")),
     ("Facade", ("store", "__init__")),
     ("Runtime", ("runtime",)),

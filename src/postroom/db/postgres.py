@@ -234,6 +234,8 @@ class PostgresDialect(Dialect):
     name: ClassVar[str] = "postgres"
     fragments: ClassVar[Mapping[str, str]] = {
         "skip_locked": "FOR UPDATE SKIP LOCKED",
+        # The slots of a limited queue, not the tasks outer-joined to them.
+        "skip_locked_slots": "FOR UPDATE OF queue_slots SKIP LOCKED",
         "for_update": "FOR UPDATE",
         # Keeps a row from being pruned (deleted) while a transaction relies on it.
         "for_share": "FOR SHARE",

@@ -50,6 +50,7 @@ class SQLiteDialect(Dialect):
         # Row locks are not needed: BEGIN IMMEDIATE already serializes every write
         # transaction.
         "skip_locked": "",
+        "skip_locked_slots": "",
         "for_update": "",
         "for_share": "",
         # The claims are UPDATE ... RETURNING on tables with constraints. Under the default

@@ -6,8 +6,9 @@
 
 -- name: tasks_due
 -- A claimable task in :queue, or a lease or a deadline for the claim's sweep.
-SELECT ((SELECT available_at FROM tasks WHERE {claimable}
-         ORDER BY available_at LIMIT 1) IS NOT NULL
+SELECT ((NOT EXISTS (SELECT 1 FROM paused_queues WHERE queue = :queue)
+         AND (SELECT claim_at FROM tasks WHERE {claimable}
+              ORDER BY claim_at LIMIT 1) IS NOT NULL)
         OR (SELECT lease_until FROM tasks WHERE state = 'running' AND lease_until <= :now
             ORDER BY lease_until LIMIT 1) IS NOT NULL
         OR (SELECT deadline FROM tasks WHERE state IN ({live_task_states}) AND deadline <= :now

@@ -27,11 +27,13 @@ SELECT fingerprint FROM inbox WHERE task_id = :task_id {for_share}
 -- Create the task of a newly stored message; its fence starts at the floor (see fence_floor_raise).
 INSERT INTO tasks (task_id, principal, message_id, queue, state, payload, deadline,
                    max_attempts, hops, parent_task_id, correlation_id, requester, attempts,
-                   fence, available_at, result, last_error, created_at, updated_at)
+                   fence, available_at, claim_at, not_before, priority, retry_of, result,
+                   last_error, created_at, updated_at)
 VALUES (:task_id, :principal, :message_id, :queue, :state, :payload, :deadline,
         :max_attempts, :hops, :parent_task_id, :correlation_id, :requester, 0,
         (SELECT floor FROM postroom_fence_floors WHERE kind = 'task'),
-        :now, :result, :last_error, :now, :now)
+        :available_at, :available_at - :priority * :priority_weight, :not_before, :priority,
+        :retry_of, :result, :last_error, :now, :now)
 
 -- name: stream_position_insert
 -- Record that a numbered position of a source's stream is stored.
@@ -77,8 +79,10 @@ UPDATE streams SET watermark = :watermark
 WHERE principal = :principal AND stream = :stream AND watermark < :watermark
 
 -- fragment: claimable
--- A task that a claim of queue :queue may pick at :now: pending, available, its deadline
--- still ahead. (The partial index tasks_claimable serves it, head first.)
+-- A task that a claim of queue :queue may pick at :now: pending, available (not held back
+-- by a retry's backoff or its not_before), its deadline still ahead. Claims take them in
+-- order of claim_at, its availability moved earlier by its priority (the partial index
+-- tasks_claimable serves that order, head first).
 state = 'pending' AND queue = :queue AND available_at <= :now AND deadline > :now
 
 -- fragment: claim_is_current
@@ -97,10 +101,11 @@ state = 'running' AND owner = :claim_owner AND fence = :fence
   AND deadline - :deadline = 0
 
 -- name: claim_head
--- When the next claimable task of one queue became available (for ordering several queues).
-SELECT available_at FROM tasks
+-- When the next claimable task of one queue has its turn (for ordering several queues), and
+-- when it became available.
+SELECT claim_at, available_at FROM tasks
 WHERE {claimable}
-ORDER BY available_at
+ORDER BY claim_at
 LIMIT 1
 
 -- name: claim_tasks
@@ -109,7 +114,7 @@ LIMIT 1
 WITH picked AS (
     SELECT task_id FROM tasks
     WHERE {claimable}
-    ORDER BY available_at
+    ORDER BY claim_at
     LIMIT :limit
     {skip_locked}
 )
@@ -120,7 +125,8 @@ FROM picked
 WHERE tasks.task_id = picked.task_id AND tasks.state = 'pending'
 RETURNING tasks.task_id, tasks.principal, tasks.message_id, tasks.queue, tasks.payload,
           tasks.deadline, tasks.max_attempts, tasks.hops, tasks.attempts, tasks.fence,
-          tasks.lease_until, tasks.correlation_id, tasks.requester
+          tasks.lease_until, tasks.correlation_id, tasks.requester, tasks.claim_at,
+          tasks.created_at
 
 -- name: tasks_lease_expired
 -- Running tasks whose lease ran out, oldest first (bounded sweep). Where rows can be locked,
@@ -152,7 +158,8 @@ SELECT task_id FROM tasks WHERE task_id = :task_id {for_share}
 -- running attempt, if it was running); returns the task's route, for its reply.
 UPDATE tasks
 SET state = :to_state, owner = NULL, lease_until = NULL,
-    available_at = :available_at, result = :result, last_error = :last_error,
+    available_at = :available_at, claim_at = :available_at - priority * :priority_weight,
+    result = :result, last_error = :last_error,
     history = CASE WHEN state = 'running' THEN {history_close} ELSE history END,
     updated_at = :now
 WHERE task_id = :task_id AND state = :from_state AND fence = :fence
@@ -163,7 +170,8 @@ RETURNING task_id, queue, requester, correlation_id, parent_task_id
 -- (given back, for a release); returns the task's route, for its reply.
 UPDATE tasks
 SET state = :to_state, owner = NULL, lease_until = NULL,
-    available_at = :available_at, result = :result, last_error = :last_error,
+    available_at = :available_at, claim_at = :available_at - priority * :priority_weight,
+    result = :result, last_error = :last_error,
     attempts = attempts - :give_back, history = {history_close}, updated_at = :now
 WHERE task_id = :task_id AND {claim_is_current}
 RETURNING task_id, queue, requester, correlation_id, parent_task_id
@@ -254,3 +262,86 @@ DELETE FROM inbox WHERE task_id = :task_id
 -- name: task_counts
 -- How many tasks are in each state.
 SELECT state, count(*) AS n FROM tasks GROUP BY state
+
+-- name: queue_controls
+-- Whether a queue is paused, and how many of its tasks may run at once (NULL: any number).
+SELECT (SELECT 1 FROM paused_queues WHERE queue = :queue) AS paused,
+       (SELECT running FROM queue_limits WHERE queue = :queue) AS running_limit
+
+-- name: queue_free_slots
+-- Up to :limit of a limited queue's slots that no running task holds at the fence it was
+-- claimed with, locked for this claim (where rows lock; others' locked slots are left to
+-- them). A slot is given back by its task leaving running, so nothing has to release it.
+SELECT queue_slots.slot FROM queue_slots
+LEFT JOIN tasks ON tasks.task_id = queue_slots.task_id AND tasks.state = 'running'
+               AND tasks.fence = queue_slots.fence
+WHERE queue_slots.queue = :queue AND tasks.task_id IS NULL
+ORDER BY queue_slots.slot
+LIMIT :limit
+{skip_locked_slots}
+
+-- name: queue_slot_take
+-- A claimed task holds a slot of its limited queue while it runs under this fence.
+UPDATE queue_slots SET task_id = :task_id, fence = :fence
+WHERE queue = :queue AND slot = :slot
+
+-- name: queue_running_count
+-- How many tasks of a queue are running now.
+SELECT count(*) AS n FROM tasks WHERE state = 'running' AND queue = :queue
+
+-- name: queue_pause
+-- An operator pauses a queue (a second pause keeps the first one's record).
+INSERT INTO paused_queues (queue, operator, reason, paused_at)
+VALUES (:queue, :operator, :reason, :now)
+ON CONFLICT (queue) DO NOTHING
+
+-- name: queue_resume
+-- An operator resumes a paused queue.
+DELETE FROM paused_queues WHERE queue = :queue
+
+-- name: queues_paused
+-- Every paused queue, by name.
+SELECT * FROM paused_queues ORDER BY queue
+
+-- name: queue_limit_set
+-- Set (or change) how many tasks of a queue may run at once.
+INSERT INTO queue_limits (queue, running) VALUES (:queue, :running)
+ON CONFLICT (queue) DO UPDATE SET running = excluded.running
+
+-- name: queue_slot_add
+-- One slot of a limited queue.
+INSERT INTO queue_slots (queue, slot) VALUES (:queue, :slot)
+ON CONFLICT (queue, slot) DO NOTHING
+
+-- name: queue_slots_trim
+-- Drop the slots above a lowered limit (a task holding one runs on; no new claim takes it).
+DELETE FROM queue_slots WHERE queue = :queue AND slot > :running
+
+-- name: queue_limit_clear
+-- Lift a queue's limit.
+DELETE FROM queue_limits WHERE queue = :queue
+
+-- name: queue_limits_all
+-- Every limited queue and its limit.
+SELECT queue, running FROM queue_limits ORDER BY queue
+
+-- name: task_get_locked
+-- One task, whole, locked until the transaction ends (an operator's decision about it).
+SELECT * FROM tasks WHERE task_id = :task_id {for_update}
+
+-- name: task_retry_count
+-- How many times an operator ran a task again.
+SELECT count(*) AS n FROM task_retries WHERE task_id = :task_id
+
+-- name: task_retry_insert
+-- Record an operator's decision to run a task again, and the task it made.
+INSERT INTO task_retries (task_id, number, new_task_id, operator, reason, retried_at)
+VALUES (:task_id, :number, :new_task_id, :operator, :reason, :now)
+
+-- name: task_retries_of
+-- The recorded re-runs of a task, oldest first.
+SELECT * FROM task_retries WHERE task_id = :task_id ORDER BY number
+
+-- name: prune_task_retries
+-- Forget the re-run records of a pruned task (the new tasks stay, each its own).
+DELETE FROM task_retries WHERE task_id = :task_id

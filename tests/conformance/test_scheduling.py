@@ -1,0 +1,235 @@
+"""SPEC §1, §3 and the scheduling issue: run later, priorities without starvation, paused and
+limited queues, and re-running a task on purpose."""
+
+from __future__ import annotations
+
+import pytest
+
+import postroom
+from postroom import TaskState
+from tests.support import START, envelope
+
+# -- run later ----------------------------------------------------------------------------------
+
+
+def test_a_task_held_until_later_is_stored_at_once_and_claimable_from_then(store, auth, clock):
+    ack = store.receive(auth, envelope(not_before=START + 60))
+    assert (ack.ack, ack.duplicate) == ("stored", False)
+    task = store.task(ack.task_id)
+    assert (task.state, task.available_at) == (TaskState.PENDING, START + 60)
+    assert store.claim("w") is None
+    clock.advance(60)
+    assert store.claim("w").task_id == ack.task_id
+
+
+def test_not_before_is_part_of_the_fingerprint(store, auth):
+    store.receive(auth, envelope(not_before=START + 60))
+    assert store.receive(auth, envelope(not_before=START + 60)).duplicate
+    with pytest.raises(postroom.PayloadCollision):
+        store.receive(auth, envelope(not_before=START + 61))
+
+
+def test_an_envelope_without_scheduling_fields_keeps_its_fingerprint(store, auth):
+    from postroom.validation import check_envelope
+
+    plain = check_envelope("planner", envelope().to_dict(), limits=postroom.Limits())
+    assert '"not_before"' not in plain.envelope and '"priority"' not in plain.envelope
+
+
+@pytest.mark.parametrize(("value", "problem"), [(START + 3600, "deadline"),
+                                                ("soon", "finite number"), (True, "number")])
+def test_a_not_before_that_cannot_be_is_refused_naming_it(store, auth, value, problem):
+    with pytest.raises(postroom.InvalidEnvelope, match="not_before") as refused:
+        store.receive(auth, envelope(not_before=value))
+    assert problem in str(refused.value)
+
+
+def test_a_task_held_until_later_expires_if_its_deadline_comes_first(store, auth, clock):
+    with pytest.raises(postroom.InvalidEnvelope, match="not_before"):
+        store.receive(auth, envelope(deadline=START + 10, not_before=START + 20))
+
+
+# -- priorities ---------------------------------------------------------------------------------
+
+
+def test_a_higher_priority_is_claimed_first_then_availability_then_arrival(store, auth, clock):
+    store.receive(auth, envelope("low", priority=-1))
+    clock.advance(1)
+    store.receive(auth, envelope("normal-1"))
+    store.receive(auth, envelope("high", priority=3))
+    clock.advance(1)
+    store.receive(auth, envelope("normal-2"))
+    order = [claim.message_id for claim in store.claim_batch("w", 4)]
+    assert order == ["high", "normal-1", "normal-2", "low"]
+
+
+def test_the_lowest_priority_is_not_starved_once_it_has_waited_long_enough(store, auth, clock):
+    weight = store.settings.priority_weight
+    store.receive(auth, envelope("patient", priority=-10))
+    clock.advance(20 * weight + 1)  # waited longer than 20 levels are worth
+    store.receive(auth, envelope("urgent", priority=10))
+    assert store.claim("w").message_id == "patient"
+
+
+def test_a_fresher_higher_priority_task_still_goes_first_within_the_rule(store, auth, clock):
+    weight = store.settings.priority_weight
+    store.receive(auth, envelope("older", priority=0))
+    clock.advance(weight - 1)  # waited less than one level is worth
+    store.receive(auth, envelope("newer", priority=1))
+    assert store.claim("w").message_id == "newer"
+
+
+@pytest.mark.parametrize("priority", [11, -11, 1.5, True, "1"])
+def test_a_priority_out_of_range_is_refused_naming_it(store, auth, priority):
+    with pytest.raises(postroom.InvalidEnvelope, match="priority"):
+        store.receive(auth, envelope(priority=priority))
+
+
+def test_a_retried_task_keeps_its_priority(store, auth, clock):
+    store.receive(auth, envelope("urgent", priority=5))
+    store.fail(store.claim("w"), "flaky")
+    clock.advance(10)
+    store.receive(auth, envelope("plain"))
+    assert store.claim("w").message_id == "urgent"
+
+
+# -- paused queues ------------------------------------------------------------------------------
+
+
+def test_a_paused_queues_tasks_are_not_claimed_and_resume_makes_them_claimable(store, auth):
+    store.receive(auth, envelope("m-1"))
+    assert store.pause_queue("default", operator="op", reason="maintenance")
+    assert store.claim("w") is None
+    assert store.status().queues["default"].paused
+    assert store.resume_queue("default")
+    assert store.claim("w") is not None
+
+
+def test_pausing_lets_running_tasks_finish(store, auth):
+    store.receive(auth, envelope("m-1"))
+    claim = store.claim("w")
+    store.pause_queue("default", operator="op", reason="maintenance")
+    store.finish(claim, "ok")
+    assert store.task(claim.task_id).state == TaskState.DONE
+
+
+def test_a_pause_is_recorded_with_who_and_why_and_a_second_pause_keeps_the_first(store):
+    assert store.pause_queue("q", operator="alice", reason="deploy")
+    assert not store.pause_queue("q", operator="bob", reason="again")
+    (paused,) = store.paused_queues()
+    assert (paused.queue, paused.operator, paused.reason) == ("q", "alice", "deploy")
+    assert store.status().queues["q"].paused  # shown though it holds no task
+
+
+def test_a_paused_queue_leaves_the_others_claimable(store, auth):
+    store.receive(auth, envelope("a", queue="a"))
+    store.receive(auth, envelope("b", queue="b"))
+    store.pause_queue("a", operator="op", reason="r")
+    assert [c.queue for c in store.claim_batch("w", 5, queues=["a", "b"])] == ["b"]
+
+
+def test_resuming_a_queue_that_is_not_paused_is_false(store):
+    assert not store.resume_queue("never")
+
+
+# -- limits -------------------------------------------------------------------------------------
+
+
+def test_a_limited_queue_runs_at_most_its_limit_at_once(store, auth):
+    store.receive_atomic(auth, [envelope(f"m-{i}") for i in range(10)])
+    store.set_queue_limit("default", 3)
+    first = store.claim_batch("w1", 10)
+    assert len(first) == 3
+    assert store.claim_batch("w2", 10) == []
+    store.finish(first[0], "ok")  # a slot is free again once its task stops running
+    assert len(store.claim_batch("w2", 10)) == 1
+
+
+def test_a_limit_slot_comes_back_when_its_task_fails_releases_or_loses_its_lease(
+        store, auth, clock):
+    store.receive_atomic(auth, [envelope(f"m-{i}") for i in range(5)])
+    store.set_queue_limit("default", 2)
+    a, b = store.claim_batch("w", 5)
+    store.release(a)
+    store.fail(b, "flaky")
+    c, d = store.claim_batch("w", 5)
+    assert {c.fence, d.fence} <= {1, 2}
+    clock.advance(store.settings.lease)
+    assert len(store.claim_batch("w", 5)) == 2  # their leases ran out: slots free
+
+
+def test_lowering_a_limit_stops_nothing_and_lifting_it_frees_claims(store, auth):
+    store.receive_atomic(auth, [envelope(f"m-{i}") for i in range(6)])
+    store.set_queue_limit("default", 3)
+    store.claim_batch("w", 6)
+    store.set_queue_limit("default", 1)
+    assert store.claim_batch("w", 6) == []
+    store.set_queue_limit("default", None)
+    assert len(store.claim_batch("w", 6)) == 3
+    assert store.queue_limits() == {}
+
+
+@pytest.mark.parametrize("running", [0, -1, 1.5, True, 10**6])
+def test_a_limit_that_is_not_a_sensible_count_is_refused(store, running):
+    with pytest.raises(postroom.InvalidInput, match="running"):
+        store.set_queue_limit("default", running)
+
+
+# -- re-running on purpose ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def failed(store, auth):
+    task_id = store.receive(auth, envelope("m-1", max_attempts=1, priority=2,
+                                           correlation_id="c-1")).task_id
+    store.fail(store.claim("w"), "broken")
+    return task_id
+
+
+def test_a_failed_task_runs_again_as_a_new_task_linked_to_it(store, failed, clock):
+    before = store.task(failed)
+    retry = store.retry(failed, operator="alice", reason="the upstream is fixed")
+    assert (retry.task_id, retry.number, retry.operator) == (failed, 1, "alice")
+    again = store.task(retry.new_task_id)
+    assert (again.state, again.retry_of, again.requester, again.correlation_id) == (
+        TaskState.PENDING, failed, "planner", "c-1")
+    assert (again.payload, again.priority, again.attempts) == ({"n": 1}, 2, 0)
+    assert store.task(failed) == before  # the old task and its reply stay as they were
+    assert store.retries(failed) == [retry]
+
+
+def test_each_retry_is_a_new_recorded_decision_and_a_new_task(store, failed):
+    first = store.retry(failed, operator="a", reason="one")
+    second = store.retry(failed, operator="b", reason="two")
+    assert (first.number, second.number) == (1, 2)
+    assert first.new_task_id != second.new_task_id
+
+
+def test_a_done_task_cannot_be_run_again(store, auth):
+    task_id = store.receive(auth, envelope("m-1")).task_id
+    store.finish(store.claim("w"), "ok")
+    with pytest.raises(postroom.Conflict, match="done"):
+        store.retry(task_id, operator="a", reason="why not")
+
+
+def test_a_rerun_answers_its_requester_like_the_task_it_repeats(store, failed):
+    retry = store.retry(failed, operator="a", reason="r")
+    store.finish(store.claim("w"), "fixed")
+    reply = store.reply(retry.new_task_id)
+    assert (reply.requester, reply.document["correlation_id"]) == ("planner", "c-1")
+
+
+def test_a_bulk_retry_dry_run_lists_what_it_would_run_and_writes_nothing(store, auth, clock):
+    ids = [store.receive(auth, envelope(f"m-{i}", max_attempts=1)).task_id for i in range(3)]
+    for _ in ids:
+        store.fail(store.claim("w"), "broken")
+    listed = store.retry_many(operator="a", reason="r", state="failed", dry_run=True)
+    assert sorted(task.task_id for task in listed) == sorted(ids)
+    assert all(store.retries(task_id) == [] for task_id in ids)
+    done = store.retry_many(operator="a", reason="r", state="failed")
+    assert sorted(r.task_id for r in done) == sorted(ids)
+
+
+def test_a_bulk_retry_of_a_state_that_cannot_be_rerun_is_refused(store):
+    with pytest.raises(postroom.InvalidInput, match="state"):
+        store.retry_many(operator="a", reason="r", state="done")
