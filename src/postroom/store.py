@@ -873,12 +873,14 @@ class Store:
 
     # -- housekeeping ---------------------------------------------------------------------------
 
-    def prune(self) -> int:
+    def prune(self, *, progress: Callable[[int], None] | None = None) -> int:
         """Forget messages past retention whose task is terminal and reply sent.
 
-        Returns how many were pruned. A pruned identity sent again is a new request, so a
-        message stored at a stream position above the stream's watermark is kept: its source
-        will send it again from the watermark, and that must be a duplicate.
+        Returns how many were pruned; ``progress``, if given, is called with the total so far
+        after each transaction that pruned some (``sweep_limit`` at most each). A pruned
+        identity sent again is a new request, so a message stored at a stream position above
+        the stream's watermark is kept: its source will send it again from the watermark,
+        and that must be a duplicate.
         """
         pruned = 0
         limit = self._settings.sweep_limit
@@ -886,6 +888,8 @@ class Store:
             count, chosen = self._db.write(retention.PRUNE, lambda tx: retention.prune_once(
                 tx, limit=limit))
             pruned += count
+            if count and progress is not None:
+                progress(pruned)
             if chosen < limit:
                 return pruned
 

@@ -175,16 +175,6 @@ def test_a_store_that_cannot_be_opened_is_one_line_and_exit_code_2(tmp_path):
         "unable to open database file"]
 
 
-def test_every_command_is_documented_in_the_readme():
-    from pathlib import Path
-
-    from postroom.cli import main
-
-    readme = (Path(__file__).parents[2] / "README.md").read_text("utf-8")
-    for name in main.commands:
-        assert f"postroom {name}" in readme, f"`postroom {name}` is not in the README"
-
-
 def test_demo_waits_tells_the_durable_flow_and_succeeds():
     result = run("demo", "waits")
     assert result.returncode == 0, result.stdout + result.stderr
