@@ -140,9 +140,10 @@ def _refusals() -> Iterator[None]:
 
 
 def _open(url: str) -> Any:
+    """The store at ``url``: an operator's command creates and upgrades none."""
     from postroom.store import open_store
 
-    return open_store(url)
+    return open_store(url, create=False)
 
 
 # -- reading: status, list, inspect --------------------------------------------------------------

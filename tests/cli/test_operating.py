@@ -153,6 +153,14 @@ def test_list_dead_replies_and_open_waits(db_url, live, auth):
     assert reply_id in cli("list", db_url, "dead").stdout
 
 
+def test_list_waits_due_before_a_time(db_url, live):
+    live.open_wait("refund-17", "approve", 0, time.time() + 600)
+    live.open_wait("refund-18", "approve", 0, time.time() + 7200)
+    (due,) = shown(cli("list", db_url, "waits", "--due-before",
+                       repr(time.time() + 3600), "--json"))["waits"]
+    assert due["flow"] == "refund-17"
+
+
 def test_list_refuses_a_filter_of_another_kind(db_url, live):
     result = cli("list", db_url, "waits", "--queue", "mail")
     assert result.exit_code == 2 and "--queue does not filter waits" in result.stderr
@@ -417,3 +425,26 @@ def test_a_refusal_exits_1_from_a_real_process(db_url, live, auth):
                           timeout=120)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "Traceback" not in result.stderr and "it has ended" in result.stderr
+
+
+@pytest.mark.parametrize("args", [["status", "{url}"], ["list", "{url}", "tasks"],
+                                  ["pause", "{url}", "mail", "--reason", "r"]])
+def test_a_url_without_a_store_is_refused_and_nothing_is_created(tmp_path, args):
+    path = tmp_path / "typo.db"
+    result = cli(*(word.format(url=f"sqlite:///{path}") for word in args))
+    assert result.exit_code == 2 and "Traceback" not in result.stderr
+    assert not path.exists()
+
+
+
+def test_a_store_of_an_older_schema_is_not_upgraded_by_an_operators_command(make_url):
+    from contextlib import closing
+
+    from postroom.db import Database, dialect_for_url
+
+    url = make_url("old")
+    with closing(Database(dialect_for_url(url))) as database:
+        database.migrate("store", target=2)
+        result = cli("status", url)
+        assert result.exit_code == 2 and "postroom init upgrades it" in result.stderr
+        assert database.schema_version("store") == 2
