@@ -8,6 +8,7 @@ library; ``test_a_refusal_exits_1_from_a_real_process`` checks one exit code end
 from __future__ import annotations
 
 import json
+import signal
 import time
 from collections.abc import Iterator, Sequence
 
@@ -24,7 +25,12 @@ from tests.support import envelope
 
 
 def cli(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+    # The group makes SIGTERM exit through the command's clean-up: not this test process's.
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        return CliRunner().invoke(main, list(args), catch_exceptions=False)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def shown(result: Result) -> object:
@@ -325,6 +331,16 @@ def test_bulk_retry_runs_each_named_task_again(db_url, live, auth):
     assert sorted(pairs) == sorted(failed)
     assert all(live.task(new).retry_of == old for old, new in pairs.items())
     assert live.retries(cancelled) == [] and "3 tasks run again" in result.stderr
+
+
+def test_bulk_retry_takes_only_the_tasks_created_in_the_window(db_url, live, auth):
+    failed_task(live, auth, "early")
+    after = time.time()
+    late = failed_task(live, auth, "late")
+    result = cli("retry", db_url, "--since", repr(after - 0.0001), "--until", "0s",
+                 "--reason", "outage over")
+    assert result.exit_code == 0, result.output
+    assert [line.split(" -> ")[0] for line in result.stdout.splitlines()] == [late]
 
 
 @pytest.mark.parametrize("args", [["--reason", "r"], ["t-1", "--queue", "q", "--reason", "r"],
