@@ -524,3 +524,15 @@ def dispatch(  # noqa: PLR0917 - click passes every option as an argument
                            "handed_back": dispatcher.released}))
     if dispatcher.exit_code:
         sys.exit(dispatcher.exit_code)
+
+
+# -- the operators' commands: status, list, inspect and their decisions (postroom.cli_ops) ------
+
+def _register_operators() -> None:
+    from postroom.cli_ops import COMMANDS
+
+    for command in COMMANDS:
+        main.add_command(command)
+
+
+_register_operators()

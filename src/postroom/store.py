@@ -873,12 +873,14 @@ class Store:
 
     # -- housekeeping ---------------------------------------------------------------------------
 
-    def prune(self) -> int:
+    def prune(self, *, progress: Callable[[int], None] | None = None) -> int:
         """Forget messages past retention whose task is terminal and reply sent.
 
-        Returns how many were pruned. A pruned identity sent again is a new request, so a
-        message stored at a stream position above the stream's watermark is kept: its source
-        will send it again from the watermark, and that must be a duplicate.
+        Returns how many were pruned; ``progress``, if given, is called with the total so far
+        after each transaction that pruned some (``sweep_limit`` at most each). A pruned
+        identity sent again is a new request, so a message stored at a stream position above
+        the stream's watermark is kept: its source will send it again from the watermark,
+        and that must be a duplicate.
         """
         pruned = 0
         limit = self._settings.sweep_limit
@@ -886,6 +888,8 @@ class Store:
             count, chosen = self._db.write(retention.PRUNE, lambda tx: retention.prune_once(
                 tx, limit=limit))
             pruned += count
+            if count and progress is not None:
+                progress(pruned)
             if chosen < limit:
                 return pruned
 
@@ -992,6 +996,20 @@ def inspect_store(url: str, *, settings: Settings | None = None) -> dict[str, An
     Raises ``SchemaError`` if ``url`` holds no postroom store, or one whose schema is older
     (``postroom init`` upgrades it) or newer than this postroom's.
     """
+    database = _existing(url)
+    try:
+        if settings is None:
+            return _info(database, Settings(), settings_from=(
+                "postroom's defaults (an application's own Settings are not in the "
+                "database), except retention_seconds: the store's published period"))
+        return _info(database, settings, settings_from="the Settings given")
+    finally:
+        database.close()
+
+
+def _existing(url: str) -> Database:
+    """The store at ``url``, read-only; ``SchemaError`` (nothing created or written) if
+    there is none or its schema is another version than this postroom's."""
     from postroom.db import dialect_for_url, redacted_url
 
     database = Database(dialect_for_url(url, read_only=True), track_time=False)
@@ -1002,18 +1020,22 @@ def inspect_store(url: str, *, settings: Settings | None = None) -> dict[str, An
         problem = database.schema_problem("store")
         if problem is not None:
             raise SchemaError(f"the store's schema is {problem}")
-        if settings is None:
-            return _info(database, Settings(), settings_from=(
-                "postroom's defaults (an application's own Settings are not in the "
-                "database), except retention_seconds: the store's published period"))
-        return _info(database, settings, settings_from="the Settings given")
-    finally:
+    except BaseException:
         database.close()
+        raise
+    return database
 
 
 def open_store(url: str, *, clock: Clock | None = None, settings: Settings | None = None,
-               seed: int | None = None) -> Store:
-    """Open the store at ``url`` (``sqlite:///path.db`` or ``postgresql://...``)."""
+               seed: int | None = None, create: bool = True) -> Store:
+    """Open the store at ``url`` (``sqlite:///path.db`` or ``postgresql://...``).
+
+    With ``create=False``, a URL without a store, or with a store of another schema
+    version, is a ``SchemaError`` and nothing is created or upgraded (an operator's
+    command on a mistyped URL).
+    """
+    if not create:
+        _existing(url).close()
     return Store.open(url, clock=clock, settings=settings, seed=seed)
 
 
