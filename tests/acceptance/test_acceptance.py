@@ -120,12 +120,14 @@ def test_through_kills_restarts_and_every_receiver_fault_each_task_is_done_once_
     killed_mid_task = [a for task in ids for a in live.story(task).attempts
                        if a.owner == "w-1" and a.outcome is AttemptOutcome.LEASE_EXPIRED]
     assert killed_mid_task  # what the SIGKILLed worker was running came back, and was redone
-    by_mode = {principal: live.reply(task) for task, (principal, _) in tasks.items()}
-    assert "409" in (by_mode["conflict"].last_error or "")
-    assert "410" in (by_mode["gone"].last_error or "")
-    assert live.endpoint("gone").enabled is False  # a 410 disables its endpoint
-    assert by_mode["redirect"].attempts == 3  # tried its whole budget, never followed
-    assert "redirects are not followed" in (by_mode["redirect"].last_error or "")
+    stories = {principal: live.story(task) for task, (principal, _) in tasks.items()}
+    conflict, gone, redirect = (stories[mode] for mode in ("conflict", "gone", "redirect"))
+    assert conflict.deliveries[-1].outcome is AttemptOutcome.COLLISION  # 409: dead at once
+    assert gone.deliveries[-1].outcome is AttemptOutcome.GONE  # 410: dead, endpoint disabled
+    assert live.endpoint("gone").enabled is False
+    assert redirect.reply is not None and redirect.reply.attempts == 3  # its whole budget
+    assert {d.outcome for d in redirect.deliveries} == {AttemptOutcome.TRANSIENT}
+    assert "redirects are not followed" in (redirect.reply.last_error or "")
     assert receiver.effects_total() == sum(p in DELIVERED for p in senders)
     assert audit_url(db_url) == []
     assert audit_database(database_of(receiver)) == []
