@@ -77,9 +77,11 @@ def main() -> None:
 def demo(story: str) -> None:
     """Run an end-to-end story on a temporary SQLite database.
 
-    tasks (the default): receive -> claim -> the worker dies -> restart -> lease recovered
-    -> the stale worker's commit is rejected -> done -> the first delivery loses its ACK ->
-    redelivery with the same reply_id -> sent, exactly one receiver effect.
+    tasks (the default), with real `postroom worker` and `postroom dispatch` processes and
+    a webhook receiver on 127.0.0.1: receive -> a worker claims -> SIGKILL mid-task ->
+    another worker recovers the lease -> the dead worker's stale commit is fenced -> done
+    -> the receiver commits the first delivery but its ACK is lost -> redelivery with the
+    same reply_id, deduped -> sent, exactly one receiver effect.
 
     waits: a task asks a human with a deadline -> restart -> timed out, asked again ->
     the answer, its duplicate and a stale one arrive -> the resuming process dies after its

@@ -24,10 +24,15 @@ def test_demo_tells_the_whole_story_and_succeeds():
     result = run("demo")
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
-    for evidence in ('"ack": "stored"', "state=pending", "fence 1", "fence=2",
-                     "rejected", "reply_id True", "receiver effects 1", "audit       clean",
-                     "every step held"):
-        assert evidence in out
+    for evidence in ('"ack": "stored"', "state=pending", "worker-1 holds fence 1",
+                     "(exit code -9)", "state=running owner=worker-1 fence=1",
+                     "state=running owner=worker-2 fence=2 attempts=2", "rejected",
+                     'state=done result={"fence": 2', "drops the connection without answering",
+                     "reply state=pending attempts=1", "reusing reply_id True",
+                     '"duplicate": true', "reply state=sent attempts=2",
+                     "exit codes 143 and 143", "2 deliveries reached the receiver",
+                     "receiver effects 1", "audit       clean", "every step held"):
+        assert evidence in out, evidence
 
 
 def test_audit_of_a_clean_store_exits_zero(db_url, store, auth):

@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("Facade", ("store", "__init__")),
     ("Runtime", ("runtime",)),
     ("Service", ("http",)),
-    ("Face", ("cli", "cli_ops", "__main__", "demo", "demo_waits", "_bench")),
+    ("Face", ("cli", "cli_ops", "__main__", "demo", "demo_waits", "demo_handlers", "_bench")),
 ]
 RANK = {name: rank for rank, (name, _) in enumerate(LAYERS)}
 
