@@ -223,3 +223,48 @@ def test_a_scheduled_task_is_worked_like_any_other(store, clock):
     assert claim is not None and claim.principal == "schedule:report"
     store.finish(claim, {"ok": True})
     assert store.reply(claim.task_id).requester == "schedule:report"
+
+
+# -- the audit ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def scheduled(store, clock):
+    """A store whose hourly schedule enqueued three periods, one of them finished."""
+    hourly(store)
+    for hour in range(3):
+        at(clock, FIRST + hour * HOUR + 1)
+        store.enqueue_due_schedules()
+    store.finish(store.claim("w", queues="reports"), "ok")
+    return store
+
+
+def audit_checks(store):
+    from postroom.audit import audit_database
+    from tests.support import database_of
+
+    return {violation.check for violation in audit_database(database_of(store))}
+
+
+def test_a_store_with_schedules_is_clean_even_after_one_is_removed_and_added_again(
+        scheduled, clock):
+    assert audit_checks(scheduled) == set()
+    scheduled.remove_schedule("report")
+    hourly(scheduled)
+    assert audit_checks(scheduled) == set()
+
+
+@pytest.mark.parametrize(("sql", "check"), [
+    ("UPDATE schedules SET next_at = last_period", "schedule_next_not_after_last"),
+    ("UPDATE schedules SET last_key = '1970-01-12T14:00:00Z'", "schedule_task_ahead"),
+    ("UPDATE schedules SET last_task_id = (SELECT min(task_id) FROM tasks WHERE message_id = "
+     "'1970-01-12T14:00:00Z')", "schedule_last_task_mismatch"),
+    ("UPDATE tasks SET message_id = '1970-01-12T14:00Z' WHERE message_id = "
+     "'1970-01-12T14:00:00Z'", "schedule_task_identity"),
+])
+def test_each_broken_schedule_invariant_is_named(scheduled, sql, check):
+    from tests.conformance.test_audit import corrupt
+
+    assert period_key(FIRST) == "1970-01-12T14:00:00Z"
+    corrupt(scheduled, sql)
+    assert check in audit_checks(scheduled)

@@ -60,3 +60,41 @@ UPDATE schedules
 SET last_period = :last_period, last_key = coalesce(:last_key, last_key),
     last_task_id = coalesce(:last_task_id, last_task_id), next_at = :next_at
 WHERE name = :schedule AND next_at = :expected AND paused = 0
+
+-- Invariants of schedules, for postroom audit (see postroom.audit.CHECKS).
+
+-- name: audit_store_schedule_next_not_after_last
+-- A schedule's next period begins after the last one it handled.
+SELECT name AS identity, 'next_at ' || next_at || ' <= last_period ' || last_period AS detail
+FROM schedules
+WHERE next_at <= last_period
+
+-- name: audit_store_schedule_task_ahead
+-- A schedule's tasks are for periods it has handled: a task stored since the schedule was
+-- made (its first period begins after that, so strictly after), for a later period than the
+-- last one it enqueued, was not enqueued with its period.
+SELECT tasks.task_id AS identity,
+       'period ' || tasks.message_id || ' after the last enqueued, '
+       || coalesce(schedules.last_key, 'none') AS detail
+FROM schedules
+JOIN tasks ON tasks.principal = 'schedule:' || schedules.name
+WHERE tasks.created_at > schedules.created_at
+  AND (schedules.last_key IS NULL OR tasks.message_id > schedules.last_key)
+
+-- name: audit_store_schedule_last_task_mismatch
+-- The task a schedule names as its last is the one of its last period enqueued.
+SELECT schedules.name AS identity,
+       'last task ' || tasks.task_id || ' is for ' || tasks.message_id || ', not '
+       || coalesce(schedules.last_key, 'none') AS detail
+FROM schedules
+JOIN tasks ON tasks.task_id = schedules.last_task_id
+WHERE tasks.principal <> 'schedule:' || schedules.name
+   OR schedules.last_key IS NULL OR tasks.message_id <> schedules.last_key
+
+-- name: audit_store_schedule_task_identity
+-- A schedule's task is identified by its period's start in one fixed form (ISO 8601 UTC to
+-- the second), so no period can be stored under two identities: two tasks for one period.
+SELECT task_id AS identity, 'message_id ' || message_id AS detail
+FROM tasks
+WHERE substr(principal, 1, 9) = 'schedule:'
+  AND (length(message_id) <> 20 OR message_id NOT LIKE '____-__-__T__:__:__Z')
