@@ -18,6 +18,7 @@ from postroom import (
     outbox,
     queues,
     retention,
+    schedules,
     signing,
     status,
     tasks,
@@ -51,6 +52,7 @@ from postroom.models import (
     OpenWait,
     Outcome,
     Page,
+    Periodic,
     Position,
     Released,
     Reply,
@@ -449,6 +451,73 @@ class Store:
     def queue_limits(self) -> dict[str, int]:
         """Every limited queue and how many of its tasks may run at once."""
         return self._db.read(queues.limits)
+
+    # -- periodic schedules ---------------------------------------------------------------------
+
+    def add_schedule(
+            self, name: str, cron: str, *, operator: str, queue: str = "default",
+            payload: Any = None, priority: int = 0, max_attempts: int = 3,
+            ttl: float | None = None, missed: str = "once", zone: str | None = None,
+            replace: bool = False) -> Periodic:
+        """Enqueue one task of ``payload`` (``{}`` if ``None``) on ``queue`` per period of
+        ``cron`` (5 fields, in ``zone``: an IANA name, ``None`` for UTC), for every host at
+        once; the first period is the first fire time after now.
+
+        Each task has ``priority`` and ``max_attempts`` and the deadline ``period start +
+        ttl`` (``None``: the next period's start). ``missed`` (``once`` or ``skip``) says what
+        happens after an outage or a pause that let a whole period pass (see
+        ``postroom.schedules``). Adding a schedule again with the same definition changes
+        nothing; with another one it is a ``Conflict`` unless ``replace`` (the periods it
+        handled stay handled). ``InvalidInput`` names a field that cannot be.
+        """
+        check_text(operator, "operator", max_bytes=self._settings.limits.text_bytes)
+        check_bool(replace, "replace")
+        definition = schedules.check(
+            self._settings, name=name, cron=cron, zone=zone, queue=queue,
+            payload={} if payload is None else payload, priority=priority,
+            max_attempts=max_attempts, ttl=ttl, missed=missed)
+        return self._db.write(schedules.ADD, lambda tx: schedules.add(
+            tx, definition, operator=operator, replace=replace))
+
+    def schedule(self, name: str) -> Periodic:
+        """The schedule ``name``; ``NotFound`` if there is none."""
+        check_text(name, "name", max_bytes=self._settings.limits.text_bytes)
+        return self._db.read(lambda tx: schedules.get(tx, name))
+
+    def schedules(self) -> list[Periodic]:
+        """Every schedule, by name."""
+        return self._db.read(schedules.listed)
+
+    def pause_schedule(self, name: str, *, operator: str) -> bool:
+        """Enqueue nothing for ``name`` until ``resume_schedule``; ``False`` if it was paused
+        already, ``NotFound`` if there is no such schedule."""
+        return self._pause_schedule(name, operator, paused=True)
+
+    def resume_schedule(self, name: str, *, operator: str) -> bool:
+        """Let ``name`` enqueue again; the periods its pause let pass are handled by its
+        missed policy (never more than one task for them). ``False`` if it was not paused."""
+        return self._pause_schedule(name, operator, paused=False)
+
+    def _pause_schedule(self, name: str, operator: str, *, paused: bool) -> bool:
+        check_text(name, "name", max_bytes=self._settings.limits.text_bytes)
+        check_text(operator, "operator", max_bytes=self._settings.limits.text_bytes)
+        return self._db.write(schedules.PAUSE if paused else schedules.RESUME,
+                              lambda tx: schedules.set_paused(tx, name, paused=paused,
+                                                              operator=operator))
+
+    def remove_schedule(self, name: str) -> bool:
+        """Forget the schedule ``name``; the tasks it enqueued stay. ``False`` if none."""
+        check_text(name, "name", max_bytes=self._settings.limits.text_bytes)
+        return self._db.write(schedules.REMOVE, lambda tx: schedules.remove(tx, name))
+
+    def enqueue_due_schedules(self, *, limit: int = 100) -> list[Ack]:
+        """One round of at most ``limit`` schedules whose next period has begun, each in this
+        one transaction with the task of its period (at the store's trusted time). Returns
+        each task's ACK (``duplicate``: another round had stored that period already). Any
+        number of hosts may run rounds at once: a period is one task whoever enqueues it."""
+        check_limit(limit)
+        return self._db.write_if(schedules.ENQUEUE, schedules.due, lambda tx: (
+            schedules.enqueue_due(tx, self._settings, limit=limit)), otherwise=[])
 
     def cancel(self, task_id: str, *, reason: str = "cancelled") -> bool:
         """Cancel a pending or running task; ``False`` if it is already terminal."""

@@ -17,6 +17,7 @@ from postroom import faults
 from tests.crash.endpoint_scenarios import ENDPOINT_CRASHES
 from tests.crash.scenarios import CRASHES as TASK_CRASHES
 from tests.crash.scenarios import Call, Crash
+from tests.crash.schedule_scenarios import SCHEDULE_CRASHES
 from tests.crash.wait_scenarios import WAIT_CRASHES
 from tests.crash.world import World
 from tests.harness.children import Child
@@ -26,7 +27,8 @@ from tests.support import START
 CODE = 86
 
 POINTS = [p.name for p in faults.registered()]
-CRASHES: dict[str, Crash] = {**TASK_CRASHES, **WAIT_CRASHES, **ENDPOINT_CRASHES}
+CRASHES: dict[str, Crash] = {**TASK_CRASHES, **WAIT_CRASHES, **ENDPOINT_CRASHES,
+                             **SCHEDULE_CRASHES}
 
 
 def crash_child(world: World, crash: Crash, point: str) -> None:

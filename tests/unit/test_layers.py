@@ -27,10 +27,10 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "postroom"
 #: Layers from the ground up; a module belongs to the first layer whose prefix names it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("Core", ("errors", "models", "validation", "transitions", "machines", "clock", "faults",
-              "settings", "log", "signing")),
+              "settings", "log", "signing", "cron")),
     ("DB", ("db",)),
     ("Rules", ("inbox", "tasks", "outbox", "waits", "receiver", "retention", "status", "queues",
-               "audit", "transports", "endpoints")),
+               "schedules", "audit", "transports", "endpoints")),
     ("Facade", ("store", "__init__")),
     ("Runtime", ("runtime",)),
     ("Service", ("http",)),
