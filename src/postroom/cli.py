@@ -237,8 +237,12 @@ def bench(quick: bool, only: tuple[str, ...], folder: Path | None,
               help="Import MODULE and run its App (named app, or NAME); repeatable.")
 @click.option("--queue", "queues", multiple=True, metavar="QUEUE",
               help="Claim from QUEUE (repeatable; default: every queue with a handler).")
-@click.option("--concurrency", type=click.IntRange(1, 1024), default=16, show_default=True,
-              help="Handlers run at once (threads, or tasks on one event loop for async).")
+@click.option("--concurrency", "concurrencies", multiple=True, metavar="N | QUEUE=N",
+              help="Handlers run at once (threads, or tasks on one event loop for async; "
+                   "default 16); QUEUE=N caps QUEUE's within that (repeatable).")
+@click.option("--timeout", "timeouts", multiple=True, metavar="QUEUE=SECONDS",
+              help="QUEUE's execution timeout for a handler that sets none: past it the "
+                   "handler is abandoned and its attempt fails as retryable (repeatable).")
 @click.option("--prefetch", type=click.IntRange(0, 1024), default=0, show_default=True,
               help="Tasks claimed beyond the free slots (their leases are renewed too).")
 @click.option("--lease", type=float, default=None, metavar="SECONDS",
@@ -253,8 +257,9 @@ def bench(quick: bool, only: tuple[str, ...], folder: Path | None,
                    "timer, continuation runner, pruner).")
 @click.option("--owner", default=None, metavar="NAME",
               help="The owner its claims are held under (default: host:pid:random).")
-def worker(url: str, *, imports: tuple[str, ...], queues: tuple[str, ...], concurrency: int,
-           prefetch: int, lease: float | None, grace: float, poll: float, no_duties: bool,
+def worker(url: str, *, imports: tuple[str, ...], queues: tuple[str, ...],
+           concurrencies: tuple[str, ...], timeouts: tuple[str, ...], prefetch: int,
+           lease: float | None, grace: float, poll: float, no_duties: bool,
            owner: str | None) -> None:
     """Run the handlers of --import's App on the store at URL until SIGTERM or SIGINT.
 
@@ -268,14 +273,37 @@ def worker(url: str, *, imports: tuple[str, ...], queues: tuple[str, ...], concu
     from postroom.runtime.worker import Worker, WorkerSettings
     from postroom.store import open_store
 
-    settings = WorkerSettings(queues=queues or None, concurrency=concurrency,
+    overall, per_queue = _by_queue(concurrencies, "--concurrency", int)
+    _, per_queue_timeouts = _by_queue(timeouts, "--timeout", float, plain=False)
+    settings = WorkerSettings(queues=queues or None, concurrency=int(overall or 16),
                               prefetch=prefetch, lease=lease, grace=grace, poll=poll,
-                              duties=not no_duties, owner=owner)
+                              duties=not no_duties, owner=owner, queue_concurrency=per_queue,
+                              timeouts=per_queue_timeouts)
     app = App.load(*imports)
     with open_store(url) as store:
         running = Worker(store, app, settings)
         _serve_until_signalled(running.run, running.stop,
                                stopping=f"running handlers have {grace:g}s to end")
+
+
+def _by_queue(values: tuple[str, ...], option: str, kind: type[int] | type[float], *,
+              plain: bool = True) -> tuple[Any, dict[str, Any]]:
+    """``QUEUE=VALUE`` options by queue, and the last plain ``VALUE`` (where ``plain``)."""
+    overall, by_queue = None, {}
+    for value in values:
+        queue, equals, number = value.rpartition("=")
+        try:
+            parsed = kind(number)
+        except ValueError:
+            parsed = None
+        if parsed is None or (equals and not queue) or (not equals and not plain):
+            shape = "QUEUE=N or N" if plain else "QUEUE=SECONDS"
+            raise click.BadParameter(f"{value!r} is not {shape}", param_hint=option)
+        if equals:
+            by_queue[queue] = parsed
+        else:
+            overall = parsed
+    return overall, by_queue
 
 
 def _serve_until_signalled(run: Any, stop: Any, *, stopping: str) -> None:

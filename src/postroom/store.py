@@ -8,7 +8,7 @@ short: nothing slow (a handler, a network call) ever runs inside a transaction.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -76,6 +76,7 @@ from postroom.models import (
 from postroom.settings import Settings, check_lease, check_retention
 from postroom.transports import Transport
 from postroom.validation import (
+    MAX_BATCH,
     MAX_DELAY,
     REPLY_ID_BYTES,
     TASK_ID_BYTES,
@@ -201,16 +202,22 @@ class Store:
         return claims[0] if claims else None
 
     def claim_batch(self, owner: str, limit: int, *, queues: Sequence[str] | str = ("default",),
-                    lease: float | None = None) -> list[Claim]:
-        """Claim up to ``limit`` tasks in one transaction."""
+                    lease: float | None = None,
+                    per_queue: Mapping[str, int] | None = None) -> list[Claim]:
+        """Claim up to ``limit`` tasks in one transaction; of a queue named in ``per_queue``,
+        at most that many (a worker's own cap on the queue, apart from any global limit)."""
         check_text(owner, "owner", max_bytes=self._settings.limits.text_bytes)
         check_limit(limit)
         names = check_queues(queues, self._settings.limits)
+        caps = _per_queue(per_queue, names)
         seconds = self._lease(lease, self._settings.lease)
+        wanted = [name for name in names if caps.get(name, limit) > 0]
+        if not wanted:
+            return []
         return self._db.write_if(
-            tasks.CLAIM, lambda tx: tasks.due(tx, names), lambda tx: tasks.claim(
-                tx, self._settings, owner=owner, queues=names, limit=limit, lease=seconds),
-            otherwise=[])
+            tasks.CLAIM, lambda tx: tasks.due(tx, wanted), lambda tx: tasks.claim(
+                tx, self._settings, owner=owner, queues=names, limit=limit, lease=seconds,
+                per_queue=caps), otherwise=[])
 
     def renew(self, claim: Claim, *, lease: float | None = None) -> Claim:
         """Extend ``claim``'s lease; returns the claim with its new ``lease_until``."""
@@ -291,7 +298,8 @@ class Store:
 
     def settle_and_claim(self, outcomes: Iterable[Settlement], owner: str, limit: int, *,
                          queues: Sequence[str] | str = ("default",),
-                         lease: float | None = None) -> tuple[list[Settled], list[Claim]]:
+                         lease: float | None = None, per_queue: Mapping[str, int] | None = None,
+                         ) -> tuple[list[Settled], list[Claim]]:
         """``settle(outcomes)`` and ``claim_batch(owner, limit, ...)`` in one transaction:
         a busy worker hands its handlers' outcomes in and takes the next tasks with one
         commit. Both halves are exactly what the two calls would do (each outcome fenced
@@ -300,9 +308,11 @@ class Store:
         check_text(owner, "owner", max_bytes=self._settings.limits.text_bytes)
         check_limit(limit)
         names = check_queues(queues, self._settings.limits)
+        caps = _per_queue(per_queue, names)
         seconds = self._lease(lease, self._settings.lease)
         return self._settle(outcomes, lambda tx: tasks.claim(
-            tx, self._settings, owner=owner, queues=names, limit=limit, lease=seconds))
+            tx, self._settings, owner=owner, queues=names, limit=limit, lease=seconds,
+            per_queue=caps))
 
     def _settle(self, outcomes: Iterable[Settlement],
                 then: Callable[[Tx], list[Claim]] | None) -> tuple[list[Settled], list[Claim]]:
@@ -1118,6 +1128,21 @@ def _batch(envelopes: Iterable[Envelope], positions: Iterable[Position | None] |
     if len(places) != len(items):
         raise InvalidInput("positions", f"{len(places)} positions for {len(items)} envelopes")
     return items, places
+
+
+def _per_queue(per_queue: object, names: Sequence[str]) -> dict[str, int]:
+    """A claimer's caps by queue: each one of the claimed ``names``, at most ``MAX_BATCH``."""
+    if per_queue is None:
+        return {}
+    if not isinstance(per_queue, Mapping):
+        raise InvalidInput("per_queue", f"must be a mapping of queue names to counts, got "
+                                        f"{type(per_queue).__name__}")
+    caps = {}
+    for queue, cap in per_queue.items():
+        if queue not in names:
+            raise InvalidInput("per_queue", f"{queue!r} is not one of the queues claimed")
+        caps[queue] = check_int(cap, f"per_queue[{queue!r}]", low=0, high=MAX_BATCH)
+    return caps
 
 
 def _delay(delay: object) -> float:

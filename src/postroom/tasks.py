@@ -243,15 +243,18 @@ def due(tx: Tx, queues: Sequence[str]) -> bool:
 
 
 def claim(tx: Tx, settings: Settings, *, owner: str, queues: Sequence[str], limit: int,
-          lease: float) -> list[Claim]:
+          lease: float, per_queue: Mapping[str, int] | None = None) -> list[Claim]:
     """Sweep, then claim up to ``limit`` tasks from ``queues``, in order of ``claim_at``.
 
     A paused queue gives nothing; a queue with a limit gives no more than it has free slots,
-    one for each task it hands out (a slot is free again once its task stops running).
+    one for each task it hands out (a slot is free again once its task stops running); a
+    queue in ``per_queue`` gives no more than that many (the claimer's own cap on it).
     """
     sweep(tx, settings, SweepCounts())
     now = tx.now
-    controls = {queue: tx.one("queue_controls", queue=queue) for queue in dict.fromkeys(queues)}
+    caps = per_queue or {}
+    controls = {queue: tx.one("queue_controls", queue=queue) for queue in dict.fromkeys(queues)
+                if caps.get(queue, limit) > 0}
     ordered = [queue for queue, row in controls.items() if row is None or not row["paused"]]
     if len(ordered) > 1:
         # Several queues: one index probe per queue finds each head, and the earliest head
@@ -264,7 +267,7 @@ def claim(tx: Tx, settings: Settings, *, owner: str, queues: Sequence[str], limi
         ordered = [queue for _, queue in sorted(heads)]
     claims: list[Claim] = []
     for queue in ordered:
-        want = limit - len(claims)
+        want = min(limit - len(claims), caps.get(queue, limit))
         control = controls[queue]
         capped = control is not None and control["running_limit"] is not None
         slots = ([int(row["slot"]) for row in tx.all("queue_free_slots", queue=queue,

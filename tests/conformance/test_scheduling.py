@@ -175,6 +175,47 @@ def test_a_limit_that_is_not_a_sensible_count_is_refused(store, running):
         store.set_queue_limit("default", running)
 
 
+# -- a claimer's own cap per queue ---------------------------------------------------------------
+
+
+def test_a_claim_takes_no_more_of_a_queue_than_its_cap_and_fills_up_from_the_others(
+        store, auth):
+    store.receive_atomic(auth, [envelope(f"a-{i}", queue="a") for i in range(4)]
+                         + [envelope(f"b-{i}", queue="b") for i in range(4)])
+    claims = store.claim_batch("w", 5, queues=["a", "b"], per_queue={"a": 1})
+    assert sorted(claim.queue for claim in claims) == ["a", "b", "b", "b", "b"]
+
+
+def test_a_queue_capped_at_zero_gives_nothing_to_this_claim(store, auth):
+    store.receive(auth, envelope("a", queue="a"))
+    assert store.claim_batch("w", 5, queues=["a"], per_queue={"a": 0}) == []
+    assert store.claim("w", queues="a") is not None
+
+
+def test_settling_and_claiming_together_keeps_to_the_caps(store, auth):
+    store.receive_atomic(auth, [envelope(f"a-{i}", queue="a") for i in range(4)])
+    first = store.claim("w", queues="a")
+    settled, claims = store.settle_and_claim(
+        [postroom.Finished(claim=first, result="ok")], "w", 5, queues=["a"], per_queue={"a": 2})
+    assert settled[0].ok and len(claims) == 2
+
+
+def test_a_cap_and_a_global_limit_both_hold(store, auth):
+    store.receive_atomic(auth, [envelope(f"a-{i}", queue="a") for i in range(6)])
+    store.set_queue_limit("a", 2)
+    assert len(store.claim_batch("w1", 5, queues=["a"], per_queue={"a": 3})) == 2
+    assert store.claim_batch("w2", 5, queues=["a"], per_queue={"a": 3}) == []
+
+
+@pytest.mark.parametrize(("per_queue", "problem"), [
+    ({"other": 1}, "not one of the queues"), ({"a": -1}, "0..10000"), ({"a": 1.5}, "int"),
+    ([("a", 1)], "mapping")])
+def test_a_cap_that_cannot_be_is_refused_naming_it(store, per_queue, problem):
+    with pytest.raises(postroom.InvalidInput, match="per_queue") as refused:
+        store.claim_batch("w", 5, queues=["a"], per_queue=per_queue)
+    assert problem in str(refused.value)
+
+
 # -- re-running on purpose ----------------------------------------------------------------------
 
 

@@ -42,10 +42,11 @@ def eventually(check: Callable[[], bool], *, timeout: float = PATIENCE) -> None:
 
 
 @contextmanager
-def running(store: postroom.Store, app: App,
-            settings: WorkerSettings = FAST) -> Iterator[Worker]:
-    """A worker running in a thread until the block ends (then stopped, and joined)."""
-    worker = Worker(store, app, settings)
+def running(store: postroom.Store, app: App, settings: WorkerSettings = FAST, *,
+            clock: postroom.Clock | None = None) -> Iterator[Worker]:
+    """A worker running in a thread until the block ends (then stopped, and joined);
+    ``clock`` measures its execution timeouts."""
+    worker = Worker(store, app, settings, clock=clock)
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:

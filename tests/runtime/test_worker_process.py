@@ -89,6 +89,17 @@ def test_a_second_signal_exits_at_once(store, db_url, jobs):
     assert store.task(task_id).state == TaskState.RUNNING  # its lease will run out
 
 
+def test_a_handler_past_the_timeout_given_for_its_queue_is_abandoned_and_its_attempt_fails(
+        store, db_url, jobs):
+    task_id = send(store, "m-1", {"folder": str(jobs)}, queue="slow", max_attempts=1)
+    with worker(db_url, jobs, "--queue", "slow", "--timeout", "slow=0.3",
+                "--concurrency", "slow=1", "--concurrency", "4") as process:
+        eventually(lambda: store.task(task_id).state == TaskState.FAILED)
+        process.signal(signal.SIGTERM)
+        assert process.wait() == 143
+    assert store.task(task_id).last_error.endswith("ran past its execution timeout of 0.3s")
+
+
 def test_a_killed_workers_task_is_recovered_by_another_workers_rescuer(db_url, jobs):
     settings = postroom.Settings(lease=1.0)
     with postroom.open_store(db_url, settings=settings) as store:
@@ -109,6 +120,10 @@ def test_a_killed_workers_task_is_recovered_by_another_workers_rescuer(db_url, j
     (["--import", "no_such_module"], "cannot import 'no_such_module'"),
     (["--import", "jobs:missing"], "has no App named 'missing'"),
     (["--import", "jobs", "--queue", "nobody"], "no handler for 'nobody'"),
+    (["--import", "jobs", "--concurrency", "slow=many"], "'slow=many' is not QUEUE=N or N"),
+    (["--import", "jobs", "--timeout", "10"], "'10' is not QUEUE=SECONDS"),
+    (["--import", "jobs", "--timeout", "nobody=1"], "not a queue this worker claims: 'nobody'"),
+    (["--import", "jobs", "--concurrency", "slow=0"], "queue_concurrency['slow']"),
 ])
 def test_a_worker_that_cannot_run_says_why_in_one_line_and_exits_2(db_url, jobs, args,
                                                                    problem):

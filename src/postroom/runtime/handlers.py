@@ -9,7 +9,11 @@ payload and a ``Context``. Its outcome is a value, never a side channel:
   remain);
 - it raises ``PermanentFailure``: the task fails for good;
 - it raises ``postroom.Fenced`` (or its claim is found fenced or cancelled while it runs):
-  the work is abandoned silently; whatever it would have committed is refused anyway.
+  the work is abandoned silently; whatever it would have committed is refused anyway;
+- it runs past its execution timeout (``timeout=`` here, or the worker's default for the
+  queue): it is abandoned (told through ``ctx.cancelled``; a coroutine is cancelled) and the
+  attempt fails as retryable, with a reason naming the timeout. The timeout bounds one
+  attempt; the task's absolute deadline still bounds them all.
 
 Resumers continue a flow after a wait ended: for a ``(flow, step)`` (or a step of any flow)
 the continuation runner calls the resumer with the ``Continuation`` and commits the
@@ -29,6 +33,7 @@ from typing import Any, TypeVar
 
 from postroom.errors import InvalidInput
 from postroom.models import Claim, Continuation, FollowUp, OpenWait
+from postroom.runtime.duty import check_interval
 from postroom.validation import DEFAULT_LIMITS, check_text
 
 __all__ = ["App", "Context", "Handler", "HandlerSpec", "PermanentFailure", "Resumer"]
@@ -47,11 +52,14 @@ class PermanentFailure(Exception):
 
 @dataclass(frozen=True, slots=True)
 class HandlerSpec:
-    """A registered handler: the queue it serves and whether it is a coroutine function."""
+    """A registered handler: the queue it serves, whether it is a coroutine function, and
+    its execution timeout in seconds (``None``: the worker's default for the queue, if any)."""
 
     queue: str
     function: Handler
     is_async: bool
+    timeout: float | None = None
+
 
 
 class App:
@@ -65,24 +73,28 @@ class App:
         self._handlers: dict[str, HandlerSpec] = {}
         self._resumers: dict[tuple[str | None, str], Resumer] = {}
 
-    def handler(self, queue: str) -> Callable[[F], F]:
-        """Register the decorated function as ``queue``'s handler."""
+    def handler(self, queue: str, *, timeout: float | None = None) -> Callable[[F], F]:
+        """Register the decorated function as ``queue``'s handler; one attempt of it may run
+        ``timeout`` seconds at most (``None``: the worker's default for the queue, if any)."""
 
         def register(function: F) -> F:
-            self.add_handler(queue, function)
+            self.add_handler(queue, function, timeout=timeout)
             return function
 
         return register
 
-    def add_handler(self, queue: str, function: Handler) -> None:
-        """Register ``function`` as ``queue``'s handler (one handler per queue)."""
+    def add_handler(self, queue: str, function: Handler, *,
+                    timeout: float | None = None) -> None:
+        """Register ``function`` as ``queue``'s handler (one handler per queue), with its
+        execution timeout in seconds (see ``handler``)."""
         name = check_text(queue, "queue", max_bytes=DEFAULT_LIMITS.text_bytes)
         if not callable(function):
             raise InvalidInput("handler", f"must be callable, got {type(function).__name__}")
+        seconds = None if timeout is None else check_interval(timeout, "timeout")
         if name in self._handlers:
             raise InvalidInput("queue", f"{name!r} already has a handler")
         self._handlers[name] = HandlerSpec(name, function,
-                                           inspect.iscoroutinefunction(function))
+                                           inspect.iscoroutinefunction(function), seconds)
 
     def resumer(self, step: str, *, flow: str | None = None) -> Callable[[F], F]:
         """Register the decorated function to resume waits at ``step`` (of ``flow``, or of
@@ -110,7 +122,7 @@ class App:
     def include(self, other: App) -> None:
         """Add every handler and resumer of ``other`` (none may be registered twice)."""
         for spec in other._handlers.values():
-            self.add_handler(spec.queue, spec.function)
+            self.add_handler(spec.queue, spec.function, timeout=spec.timeout)
         for (flow, step), function in other._resumers.items():
             self.add_resumer(step, function, flow=flow)
 

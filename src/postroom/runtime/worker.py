@@ -1,8 +1,10 @@
 """The worker: claims tasks, runs their handlers, keeps their leases, commits their outcomes.
 
-One worker is one owner of claims, with ``concurrency`` slots::
+One worker is one owner of claims, with ``concurrency`` slots (and, per queue, at most
+``queue_concurrency[queue]`` of them)::
 
-    claimer  -- claims as many tasks as it has free slots, in one transaction; when none is
+    claimer  -- claims as many tasks as it has free slots, in one transaction (of a capped
+                queue, no more than its cap leaves free); when none is
                 claimable it waits for a wake-up (LISTEN/NOTIFY on PostgreSQL, the watcher on
                 SQLite) and polls only as the fallback;
     handlers -- plain functions run on a pool of ``concurrency`` threads, coroutine functions
@@ -14,6 +16,12 @@ One worker is one owner of claims, with ``concurrency`` slots::
                 together (``Store.settle``), each outcome fenced and atomic on its own, so a
                 fenced one costs the others nothing; an outcome counts as durable only once
                 that commit returned;
+    watchdog -- with an execution timeout for some queue (the handler's ``timeout=``, or
+                ``timeouts[queue]``): a handler running past it is abandoned (``ctx.cancelled``
+                set, a coroutine cancelled) and its attempt failed as retryable, fenced like
+                any outcome, with a reason naming the timeout. A coroutine's slot frees once it
+                unwinds; a plain function's thread cannot be stopped, so its slot stays taken
+                until it returns (what it returns is ignored);
     duties   -- the lease rescuer, deadline sweeper, wait timer, continuation runner and
                 pruner (``postroom.runtime.duty``), unless turned off.
 
@@ -35,12 +43,14 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from postroom import log
+from postroom.clock import Clock
 from postroom.db.wakeups import Waiter
 from postroom.errors import Fenced, InvalidInput, StoreError
 from postroom.models import Claim, Failed, Finished, Released, Settled, Settlement
@@ -101,6 +111,10 @@ class WorkerSettings:
     duties: bool = True
     #: The owner its claims are held under (``None``: ``default_owner()``).
     owner: str | None = None
+    #: Per queue, how many of its handlers run at once at most (within ``concurrency``).
+    queue_concurrency: Mapping[str, int] = field(default_factory=dict)
+    #: Per queue, the execution timeout in seconds of a handler that sets none of its own.
+    timeouts: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.queues is not None and (isinstance(self.queues, str) or not all(
@@ -121,6 +135,13 @@ class WorkerSettings:
                                          f"{value!r}")
         if self.owner is not None:
             check_text(self.owner, "owner", max_bytes=128)
+        for name, check in (("queue_concurrency", lambda value, field: check_int(
+                value, field, low=1, high=1024)), ("timeouts", check_interval)):
+            given = getattr(self, name)
+            if not isinstance(given, Mapping) or not all(isinstance(key, str) for key in given):
+                raise InvalidInput(name, "must be a mapping of queue names")
+            for queue_name, value in given.items():
+                check(value, f"{name}[{queue_name!r}]")
 
 
 @dataclass(slots=True)
@@ -133,6 +154,7 @@ class WorkerStats:
     failed: int = 0
     released: int = 0
     abandoned: int = 0  # fenced, cancelled, or past the grace period
+    timed_out: int = 0  # ran past its execution timeout (its attempt failed as retryable)
     settle_commits: int = 0
 
 
@@ -146,13 +168,31 @@ class _Held:
     ended: bool = False  # its handler ended: its outcome is on its way to the settler
     abandoned: bool = False  # nothing it ends with is committed by this worker
     task: asyncio.Task[Any] | None = None  # the coroutine's task, to cancel
+    started: float | None = None  # when its handler began, on the worker's clock
+    timed_out: bool = False  # past its execution timeout: its failure is on its way
+
+
+@dataclass(frozen=True, slots=True)
+class _Reserved:
+    """Slots reserved for a claim in flight: in all, and of each capped queue."""
+
+    slots: int
+    of: dict[str, int]
+
+
+class _Monotonic:
+    """The clock execution timeouts are measured on unless the worker is given another."""
+
+    def now(self) -> float:
+        return time.monotonic()
 
 
 class Worker:
     """Runs ``app``'s handlers on ``store``'s tasks (see the module docstring)."""
 
     def __init__(self, store: Store, app: App, settings: WorkerSettings | None = None,
-                 *, duties: Sequence[Duty] | None = None) -> None:
+                 *, duties: Sequence[Duty] | None = None, clock: Clock | None = None) -> None:
+        """``clock`` measures execution timeouts (default: the monotonic clock)."""
         self._store = store
         self._app = app
         self._settings = settings = settings if settings is not None else WorkerSettings()
@@ -164,6 +204,19 @@ class Worker:
         if missing:
             raise InvalidInput("queues", f"no handler for {', '.join(map(repr, missing))}")
         self.queues = tuple(queues)
+        for name in ("queue_concurrency", "timeouts"):
+            strangers = [queue for queue in getattr(settings, name) if queue not in self.queues]
+            if strangers:
+                raise InvalidInput(name, f"not a queue this worker claims: "
+                                         f"{', '.join(map(repr, strangers))}")
+        self._caps = dict(settings.queue_concurrency)
+        self._timeouts: dict[str, float] = {}  # the handler's own, else the worker's default
+        for name in self.queues:
+            spec = app.handler_for(name)
+            seconds = spec.timeout if spec and spec.timeout else settings.timeouts.get(name)
+            if seconds is not None:
+                self._timeouts[name] = seconds
+        self._clock: Clock = clock if clock is not None else _Monotonic()
         self._lease = settings.lease if settings.lease is not None else store.settings.lease
         self._renew_every = (settings.renew_every if settings.renew_every is not None
                              else self._lease / 3)
@@ -172,6 +225,8 @@ class Worker:
         self._held: dict[str, _Held] = {}
         self._running = 0  # handlers started and not ended
         self._reserved = 0  # slots a claim in flight will fill
+        self._running_of: Counter[str] = Counter()  # ``_running``, by queue
+        self._reserved_of: Counter[str] = Counter()  # ``_reserved``, by capped queue
         self._unsettled = 0  # outcomes handed to the settler and not committed yet
         self._stopping = threading.Event()
         self._outcomes: queue.SimpleQueue[tuple[_Held, Settlement] | None] = queue.SimpleQueue()
@@ -197,6 +252,8 @@ class Worker:
             self._start_loop()
         self._start(self._settle_loop, "settler")
         self._start(self._renew_loop, "renewer")
+        if self._timeouts:
+            self._start(self._watch_loop, "watchdog")
         self._duties.start()
         log.event(_log, logging.INFO, f"worker started on {', '.join(self.queues)}",
                   owner=self.owner)
@@ -252,13 +309,13 @@ class Worker:
             with self._lock:
                 # While outcomes are on their way the settler takes the next tasks in their
                 # commit; the claimer claims only for a worker with nothing to settle.
-                free = 0 if self._unsettled else self._reserve()
-                if free <= 0:
+                free = self._reserve(nothing=bool(self._unsettled))
+                if free.slots <= 0:
                     self._lock.wait(settings.poll)
                     continue
             try:
-                claims = self._store.claim_batch(self.owner, free, queues=self.queues,
-                                                 lease=self._lease)
+                claims = self._store.claim_batch(self.owner, free.slots, queues=self.queues,
+                                                 lease=self._lease, per_queue=free.of or None)
             except StoreError as exc:
                 self._take(free, [])
                 failures += 1
@@ -271,26 +328,39 @@ class Worker:
             if not claims:
                 waiter.wait(settings.poll)
 
-    def _reserve(self, settling: int = 0) -> int:
+    def _reserve(self, settling: int = 0, *, nothing: bool = False) -> _Reserved:
         """Reserve the slots to claim for now (under the lock); ``_take`` gives them back.
 
         A slot is a handler that has not ended: one whose outcome waits for its commit
         frees its slot, so the next tasks run while the settler commits (``settling``
         outcomes are about to leave). The claims held in all stay bounded (``concurrency``
-        more for outcomes on their way, and the prefetch), and every one is renewed.
+        more for outcomes on their way, and the prefetch), and every one is renewed. A
+        capped queue gets what its cap leaves free of its own running handlers and of the
+        claims in flight; with every queue capped, that bounds the whole claim too.
         """
+        if nothing:
+            return _Reserved(0, {})
         settings = self._settings
         slots = settings.concurrency + settings.prefetch - self._running - self._reserved
         room = (2 * settings.concurrency + settings.prefetch - len(self._held) + settling
                 - self._reserved)
         free = max(0, min(slots, room))
+        caps = {queue: max(0, min(free, cap - self._running_of[queue]
+                                  - self._reserved_of[queue]))
+                for queue, cap in self._caps.items()}
+        if len(caps) == len(self.queues):
+            free = min(free, sum(caps.values()))
+        if free <= 0:
+            return _Reserved(0, {})
         self._reserved += free
-        return free
+        self._reserved_of.update(caps)
+        return _Reserved(free, caps)
 
-    def _take(self, reserved: int, claims: Sequence[Claim]) -> None:
+    def _take(self, reserved: _Reserved, claims: Sequence[Claim]) -> None:
         """Hold and start ``claims``, made with ``reserved`` slots (which are given back)."""
         with self._lock:
-            self._reserved -= reserved
+            self._reserved -= reserved.slots
+            self._reserved_of.subtract(reserved.of)
             self.stats.claimed += len(claims)
             started = [self._held.setdefault(claim.task_id, _Held(claim)) for claim in claims]
             self._lock.notify_all()
@@ -303,6 +373,7 @@ class Worker:
         with self._lock:
             held.running = True
             self._running += 1
+            self._running_of[held.claim.queue] += 1
         if spec.is_async:
             assert self._loop is not None
             asyncio.run_coroutine_threadsafe(self._run_async(spec, held), self._loop)
@@ -315,6 +386,7 @@ class Worker:
         if held.cancellation.is_set():  # fenced or released before it could start
             self._ended_one(held, None)
             return
+        self._started(held)
         ctx = Context(held.claim, held.cancellation)
         try:
             outcome = _outcome(held.claim, ctx, lambda: spec.function(held.claim.payload, ctx))
@@ -327,6 +399,7 @@ class Worker:
         if held.cancellation.is_set():
             self._ended_one(held, None)
             return
+        self._started(held)
         ctx = Context(held.claim, held.cancellation)
         try:
             result = await spec.function(held.claim.payload, ctx)
@@ -337,10 +410,21 @@ class Worker:
             outcome = _outcome(held.claim, ctx, _raiser(exc))
         self._ended_one(held, outcome)
 
+    def _started(self, held: _Held) -> None:
+        """Its handler begins: its execution timeout counts from now."""
+        if held.claim.queue in self._timeouts:
+            with self._lock:
+                held.started = self._clock.now()
+                self._lock.notify_all()
+
     def _ended_one(self, held: _Held, outcome: Settlement | None) -> None:
         with self._lock:
             held.running = False
             self._running -= 1
+            self._running_of[held.claim.queue] -= 1
+            if held.timed_out:  # its failure was handed over: what it ends with is ignored
+                self._lock.notify_all()
+                return
             keep = outcome is not None and not held.abandoned and not held.cancellation.is_set()
             if keep:
                 held.ended = True
@@ -352,6 +436,33 @@ class Worker:
         if keep:
             assert outcome is not None
             self._hand_over(held, outcome)
+
+    # -- execution timeouts ---------------------------------------------------------------------
+
+    def _watch_loop(self) -> None:
+        with self._lock:
+            while not self._settled.is_set():
+                now = self._clock.now()
+                wait = min(self._settings.poll, 1.0)
+                for held in list(self._held.values()):
+                    limit = self._timeouts.get(held.claim.queue)
+                    if (limit is None or held.started is None or not held.running
+                            or held.ended or held.abandoned):
+                        continue
+                    left = held.started + limit - now
+                    if left > 0:
+                        wait = min(wait, left)
+                        continue
+                    held.ended = held.timed_out = True
+                    self._cancel(held)
+                    self.stats.timed_out += 1
+                    log.event(_log, logging.WARNING, "handler timed out: abandoned",
+                              task_id=held.claim.task_id, owner=self.owner,
+                              fence=held.claim.fence)
+                    self._hand_over(held, Failed(
+                        claim=held.claim, retryable=True,
+                        reason=f"timed out: ran past its execution timeout of {limit:g}s"))
+                self._lock.wait(wait)
 
     # -- settling -------------------------------------------------------------------------------
 
@@ -372,6 +483,8 @@ class Worker:
                 self._settle(batch)
         finally:
             self._settled.set()
+            with self._lock:
+                self._lock.notify_all()
 
     def _gather(self, batch: list[tuple[_Held, Settlement]]) -> bool:
         """Add to ``batch`` what else is ready to commit with it; whether the queue closed.
@@ -402,15 +515,16 @@ class Worker:
         # A busy worker takes its next tasks in the transaction that commits these outcomes:
         # one commit for both (unless it is stopping).
         with self._lock:
-            free = 0 if self._stopping.is_set() else self._reserve(settling=len(batch))
+            free = self._reserve(settling=len(batch), nothing=self._stopping.is_set())
         failures = 0
         claims: list[Claim] = []
         while True:
             try:
                 outcomes = [outcome for _, outcome in batch]
-                if free:
+                if free.slots:
                     settled, claims = self._store.settle_and_claim(
-                        outcomes, self.owner, free, queues=self.queues, lease=self._lease)
+                        outcomes, self.owner, free.slots, queues=self.queues,
+                        lease=self._lease, per_queue=free.of or None)
                 else:
                     settled = self._store.settle(outcomes)
                 break
