@@ -23,11 +23,14 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from postroom.errors import Conflict, Fenced
+
+if TYPE_CHECKING:
+    from postroom.models import Retry
 
 __all__ = ["COMMANDS"]
 
@@ -124,7 +127,7 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
                                                                        strict=True)).rstrip())
 
 
-def _refused(message: str) -> None:
+def _refused(message: str) -> NoReturn:
     """End the command with exit code 1: it ran, and the store refused the decision."""
     click.echo(f"refused: {message}", err=True)
     sys.exit(1)
@@ -429,16 +432,18 @@ def retry(  # noqa: PLR0917 - click passes every option as an argument
                 _task_table(chosen)
                 click.echo(f"dry run: {len(chosen)} tasks would run again", err=True)
             return
-        made = []
-        with click.progressbar(chosen, label="re-running", file=sys.stderr) as tasks:
-            for task in tasks:
-                made.append(store.retry(task.task_id, operator=operator, reason=reason))
-    if as_json:
-        _echo_json({"retried": made})
-    else:
-        for item in made:
-            click.echo(f"{item.task_id} -> {item.new_task_id}")
-    click.echo(f"{len(made)} tasks run again", err=True)
+        made: list[Retry] = []
+        try:
+            with click.progressbar(chosen, label="re-running", file=sys.stderr) as tasks:
+                for task in tasks:
+                    made.append(store.retry(task.task_id, operator=operator, reason=reason))
+        finally:  # each re-run committed on its own: show those made even if one failed
+            if as_json:
+                _echo_json({"retried": made})
+            else:
+                for item in made:
+                    click.echo(f"{item.task_id} -> {item.new_task_id}")
+            click.echo(f"{len(made)} of {len(chosen)} tasks run again", err=True)
 
 
 @click.command()

@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 import postroom
-from postroom import Outcome, ReplyState, TaskState
+from postroom import Outcome, ReplyState, TaskState, faults
 from postroom.cli import main
 from tests.harness import children
 from tests.harness.children import python
@@ -330,7 +330,26 @@ def test_bulk_retry_runs_each_named_task_again(db_url, live, auth):
     pairs = dict(line.split(" -> ") for line in result.stdout.splitlines())
     assert sorted(pairs) == sorted(failed)
     assert all(live.task(new).retry_of == old for old, new in pairs.items())
-    assert live.retries(cancelled) == [] and "3 tasks run again" in result.stderr
+    assert live.retries(cancelled) == [] and "3 of 3 tasks run again" in result.stderr
+
+
+def test_bulk_retry_that_stops_midway_shows_the_re_runs_it_made(db_url, live, auth):
+    failed = [failed_task(live, auth, f"f-{index}") for index in range(3)]
+    passed: list[str] = []
+
+    def second_fails(name: str) -> None:
+        passed.append(name)
+        if len(passed) == 2:
+            raise postroom.StoreError("disk full")
+
+    with faults.armed("retry.before_commit", second_fails, times=None):
+        result = cli("retry", db_url, "--state", "failed", "--reason", "outage over")
+    assert result.exit_code == 2 and "disk full" in result.stderr
+    assert "1 of 3 tasks run again" in result.stderr
+    (line,) = result.stdout.splitlines()
+    old, new = line.split(" -> ")
+    assert [task_id for task_id in failed if live.retries(task_id)] == [old]
+    assert live.task(new).retry_of == old
 
 
 def test_bulk_retry_takes_only_the_tasks_created_in_the_window(db_url, live, auth):
