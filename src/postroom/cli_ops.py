@@ -23,14 +23,16 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from enum import Enum
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
+from postroom import models
 from postroom.errors import Conflict, Fenced
 
 if TYPE_CHECKING:
-    from postroom.models import Retry
+    from postroom.models import Page, Reply, Retry, Task, Wait
+    from postroom.store import Store
 
 __all__ = ["COMMANDS"]
 
@@ -142,7 +144,7 @@ def _refusals() -> Iterator[None]:
         _refused(str(exc))
 
 
-def _open(url: str) -> Any:
+def _open(url: str) -> Store:
     """The store at ``url``: an operator's command creates and upgrades none."""
     from postroom.store import open_store
 
@@ -218,38 +220,52 @@ def list_(url: str, kind: str, as_json: bool, limit: int, cursor: str | None,
         raise click.UsageError(f"{option} does not filter {kind}")
     with _open(url) as store:
         if kind == "tasks":
-            page = store.list_tasks(state=filters["state"], queue=filters["queue"],
-                                    principal=filters["principal"],
-                                    created_after=filters["since"],
-                                    created_before=filters["until"], limit=limit,
-                                    cursor=cursor)
+            tasks = store.list_tasks(state=filters["state"], queue=filters["queue"],
+                                     principal=filters["principal"],
+                                     created_after=filters["since"],
+                                     created_before=filters["until"], limit=limit,
+                                     cursor=cursor)
+            _show_page(kind, tasks, _TASK_COLUMNS, _task_row, as_json=as_json)
         elif kind == "waits":
-            page = store.list_waits(due_before=filters["due_before"], limit=limit,
-                                    cursor=cursor)
+            waits = store.list_waits(due_before=filters["due_before"], limit=limit,
+                                     cursor=cursor)
+            _show_page(kind, waits, _WAIT_COLUMNS, _wait_row, as_json=as_json)
         else:
-            page = store.list_dead_replies(limit=limit, cursor=cursor)
+            dead = store.list_dead_replies(limit=limit, cursor=cursor)
+            _show_page(kind, dead, _REPLY_COLUMNS, _reply_row, as_json=as_json)
+
+
+T = TypeVar("T")
+
+
+def _show_page(kind: str, page: Page[T], columns: Sequence[str],
+               row: Callable[[T], Sequence[object]], *, as_json: bool) -> None:
     if as_json:
         _echo_json({kind: page.items, "next_cursor": page.next_cursor})
         return
-    if kind == "tasks":
-        _task_table(page.items)
-    elif kind == "waits":
-        _table(["flow", "step", "generation", "deadline", "task_id", "responder"],
-               [[item.flow, item.step, item.generation, _when(item.deadline),
-                 item.task_id or "-", item.responder or "-"] for item in page.items])
-    else:
-        _table(["reply_id", "task_id", "queue", "requester", "attempts", "last_error"],
-               [[item.reply_id, item.task_id, item.queue or "-", item.requester or "-",
-                 f"{item.attempts}/{item.budget}", _short(item.last_error)]
-                for item in page.items])
+    _table(columns, [row(item) for item in page.items])
     if page.next_cursor is not None:
         click.echo(f"more: --cursor {page.next_cursor}", err=True)
 
 
-def _task_table(items: Sequence[Any]) -> None:
-    _table(["task_id", "queue", "state", "attempts", "created", "last_error"],
-           [[item.task_id, item.queue, item.state.value, f"{item.attempts}/{item.max_attempts}",
-             _when(item.created_at), _short(item.last_error)] for item in items])
+_TASK_COLUMNS = ("task_id", "queue", "state", "attempts", "created", "last_error")
+_WAIT_COLUMNS = ("flow", "step", "generation", "deadline", "task_id", "responder")
+_REPLY_COLUMNS = ("reply_id", "task_id", "queue", "requester", "attempts", "last_error")
+
+
+def _task_row(item: Task) -> list[object]:
+    return [item.task_id, item.queue, item.state.value, f"{item.attempts}/{item.max_attempts}",
+            _when(item.created_at), _short(item.last_error)]
+
+
+def _wait_row(item: Wait) -> list[object]:
+    return [item.flow, item.step, item.generation, _when(item.deadline), item.task_id or "-",
+            item.responder or "-"]
+
+
+def _reply_row(item: Reply) -> list[object]:
+    return [item.reply_id, item.task_id, item.queue or "-", item.requester or "-",
+            f"{item.attempts}/{item.budget}", _short(item.last_error)]
 
 
 @click.command()
@@ -422,14 +438,15 @@ def retry(  # noqa: PLR0917 - click passes every option as an argument
         raise click.UsageError("name a TASK_ID, or the tasks with --queue, --state, --since "
                                "or --until")
     with _open(url) as store:
-        chosen = store.retry_many(operator=operator, reason=reason, state=state, queue=queue,
-                                  created_after=since, created_before=until, dry_run=True,
-                                  limit=limit)
+        # A dry run lists the tasks; each is then re-run on its own, for the progress bar.
+        chosen = [item for item in store.retry_many(
+            operator=operator, reason=reason, state=state, queue=queue, created_after=since,
+            created_before=until, dry_run=True, limit=limit) if isinstance(item, models.Task)]
         if dry_run:
             if as_json:
                 _echo_json({"would_retry": chosen})
             else:
-                _task_table(chosen)
+                _table(_TASK_COLUMNS, [_task_row(task) for task in chosen])
                 click.echo(f"dry run: {len(chosen)} tasks would run again", err=True)
             return
         made: list[Retry] = []
