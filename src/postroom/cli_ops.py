@@ -419,8 +419,8 @@ def retry(  # noqa: PLR0917 - click passes every option as an argument
         since: float | None, until: float | None, limit: int, dry_run: bool, reason: str,
         operator: str, as_json: bool) -> None:
     """Run a failed, expired or cancelled task again as a new task linked to it (the old
-    one keeps its state and reply); prints the new task's id. Exits 1 if the task is in
-    another state.
+    one keeps its state and reply); prints the new task's id (with --json, the recorded
+    decision). Exits 1 if the task is in another state.
 
     Without TASK_ID, every task the filters name (at least one of --queue, --state,
     --since, --until), each its own recorded decision; with --dry-run, only listed.
@@ -432,7 +432,11 @@ def retry(  # noqa: PLR0917 - click passes every option as an argument
             raise click.UsageError(f"{(named or ['--dry-run'])[0]} is for a bulk re-run: "
                                    "leave out TASK_ID")
         with _open(url) as store, _refusals():
-            click.echo(store.retry(task_id, operator=operator, reason=reason).new_task_id)
+            decision = store.retry(task_id, operator=operator, reason=reason)
+        if as_json:
+            _echo_json(decision, indent=None)
+        else:
+            click.echo(decision.new_task_id)
         return
     if not named:
         raise click.UsageError("name a TASK_ID, or the tasks with --queue, --state, --since "

@@ -304,6 +304,16 @@ def test_retry_runs_a_failed_task_again_and_prints_the_new_id(db_url, live, auth
         ("ana", "fixed the bug")]
 
 
+def test_retry_json_shows_the_recorded_decision(db_url, live, auth):
+    task_id = failed_task(live, auth, "flaky")
+    decision = shown(cli("retry", db_url, task_id, "--reason", "fixed", "--operator", "ana",
+                         "--json"))
+    (recorded,) = live.retries(task_id)
+    assert decision == {"task_id": task_id, "number": 1, "new_task_id": recorded.new_task_id,
+                        "operator": "ana", "reason": "fixed",
+                        "retried_at": recorded.retried_at}
+
+
 def test_retry_of_a_task_that_is_not_re_runnable_exits_1(db_url, live, auth):
     task_id = live.receive(auth, far("m-1")).task_id
     result = cli("retry", db_url, task_id, "--reason", "again")
