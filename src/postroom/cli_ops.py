@@ -519,22 +519,21 @@ def limit(url: str, queue: str, running: int | None) -> None:
     click.echo(json.dumps({"queue": queue, "running_limit": running}))
 
 
+def _no_length() -> Iterator[int]:
+    """Nothing, and no length to tell: click's progress bar over it counts, not fills."""
+    yield from ()
+
+
 @click.command()
 @click.argument("url")
 def prune(url: str) -> None:
     """Forget what is past the store's published retention period: messages whose task has
-    ended and whose reply is sent, with their records. Shows how many so far on stderr
-    while it works; prints the total."""
-    shown = sys.stderr.isatty()
-
-    def progress(total: int) -> None:
-        if shown:
-            click.echo(f"\rpruned {total}", nl=False, err=True)
-
-    with _open(url) as store:
-        pruned = store.prune(progress=progress)
-    if shown:
-        click.echo("", err=True)
+    ended and whose reply is sent, with their records, a batch per transaction. A progress
+    bar on stderr counts them as it goes (how many there are is not known ahead); prints the
+    total."""
+    with _open(url) as store, click.progressbar(
+            _no_length(), label="pruning", show_pos=True, file=sys.stderr) as bar:
+        pruned = store.prune(progress=lambda total: bar.update(total - bar.pos))
     click.echo(json.dumps({"pruned": pruned}))
 
 
