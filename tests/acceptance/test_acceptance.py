@@ -126,8 +126,14 @@ def test_through_kills_restarts_and_every_receiver_fault_each_task_is_done_once_
     assert gone.deliveries[-1].outcome is AttemptOutcome.GONE  # 410: dead, endpoint disabled
     assert live.endpoint("gone").enabled is False
     assert redirect.reply is not None and redirect.reply.attempts == 3  # its whole budget
-    assert {d.outcome for d in redirect.deliveries} == {AttemptOutcome.TRANSIENT}
-    assert "redirects are not followed" in (redirect.reply.last_error or "")
+    # Each 302 is a transient failure, never followed; an attempt the killed dispatcher had
+    # on the wire ended when its lease did.
+    outcomes = [(d.outcome, d.error or "") for d in redirect.deliveries]
+    assert {outcome for outcome, _ in outcomes} <= {AttemptOutcome.TRANSIENT,
+                                                    AttemptOutcome.LEASE_EXPIRED}
+    assert all("redirects are not followed" in error for outcome, error in outcomes
+               if outcome is AttemptOutcome.TRANSIENT)
+    assert AttemptOutcome.TRANSIENT in {outcome for outcome, _ in outcomes}
     assert receiver.effects_total() == sum(p in DELIVERED for p in senders)
     assert audit_url(db_url) == []
     assert audit_database(database_of(receiver)) == []
