@@ -248,7 +248,7 @@ def bench(quick: bool, only: tuple[str, ...], folder: Path | None,
               help="How long an idle worker waits for a wake-up before it looks anyway.")
 @click.option("--no-duties", is_flag=True,
               help="Do not run the background duties (lease rescuer, deadline sweeper, wait "
-                   "timer, continuation runner, pruner).")
+                   "timer, continuation runner, pruner, scheduler).")
 @click.option("--owner", default=None, metavar="NAME",
               help="The owner its claims are held under (default: host:pid:random).")
 def worker(url: str, *, imports: tuple[str, ...], queues: tuple[str, ...], concurrency: int,
