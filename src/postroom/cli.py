@@ -254,7 +254,7 @@ def bench(quick: bool, only: tuple[str, ...], folder: Path | None,
               help="How long an idle worker waits for a wake-up before it looks anyway.")
 @click.option("--no-duties", is_flag=True,
               help="Do not run the background duties (lease rescuer, deadline sweeper, wait "
-                   "timer, continuation runner, pruner).")
+                   "timer, continuation runner, pruner, scheduler).")
 @click.option("--owner", default=None, metavar="NAME",
               help="The owner its claims are held under (default: host:pid:random).")
 def worker(url: str, *, imports: tuple[str, ...], queues: tuple[str, ...],
@@ -484,6 +484,124 @@ def endpoint_remove(principal: str, store_url: str) -> None:
         if not store.remove_endpoint(principal):
             raise NotFound(f"no endpoint for {principal!r}")
     click.echo(json.dumps({"principal": principal, "removed": True}))
+
+
+# -- periodic schedules -------------------------------------------------------------------------
+
+_OPERATOR_OPTION = click.option(
+    "--operator", default=lambda: os.environ.get("USER") or "operator", show_default="$USER",
+    metavar="NAME", help="Who makes the change (recorded on the schedule).")
+
+
+@main.group()
+def schedule() -> None:
+    """Periodic work: add, list, pause, resume and remove schedules. A schedule enqueues one
+    task per period of its cron expression, once across every host running a worker."""
+
+
+@schedule.command("add")
+@click.argument("name")
+@_STORE_OPTION
+@click.option("--cron", required=True, metavar="EXPR",
+              help="minute hour day-of-month month day-of-week, e.g. '*/15 * * * *'.")
+@click.option("--queue", default="default", show_default=True, help="The tasks' queue.")
+@click.option("--payload", default="{}", show_default=True, metavar="JSON",
+              help="The tasks' payload, a JSON object.")
+@click.option("--zone", default=None, metavar="IANA",
+              help="The zone whose wall clock the expression reads (default: UTC).")
+@click.option("--priority", type=int, default=0, show_default=True, help="-10..10.")
+@click.option("--max-attempts", type=int, default=3, show_default=True)
+@click.option("--ttl", type=float, default=None, metavar="SECONDS",
+              help="Each task's deadline after its period's start (default: the next "
+                   "period's start).")
+@click.option("--missed", type=click.Choice(["once", "skip"]), default="once",
+              show_default=True,
+              help="After an outage or a pause that let a whole period pass: enqueue the "
+                   "latest period once, or skip to the next one.")
+@click.option("--replace", is_flag=True, help="Change the definition of an existing schedule.")
+@_OPERATOR_OPTION
+def schedule_add(  # noqa: PLR0917 - click passes every option as an argument
+        name: str, store_url: str, cron: str, queue: str, payload: str, zone: str | None,
+        priority: int, max_attempts: int, ttl: float | None, missed: str, replace: bool,
+        operator: str) -> None:
+    """Enqueue one task per period of --cron under NAME; shows the schedule as JSON.
+
+    Adding it again with the same definition changes nothing; another definition is refused
+    unless --replace.
+    """
+    from postroom.store import open_store
+
+    try:
+        document = json.loads(payload)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="'--payload'") from None
+    with open_store(store_url) as store:
+        added = store.add_schedule(name, cron, operator=operator, queue=queue, payload=document,
+                                   priority=priority, max_attempts=max_attempts, ttl=ttl,
+                                   missed=missed, zone=zone, replace=replace)
+    click.echo(json.dumps(added.to_dict()))
+
+
+@schedule.command("list")
+@_STORE_OPTION
+@click.option("--json", "as_json", is_flag=True, help="One JSON document.")
+def schedule_list(store_url: str, as_json: bool) -> None:
+    """Show every schedule: its expression, queue, state and next period."""
+    from postroom.schedules import period_key
+    from postroom.store import open_store
+
+    with open_store(store_url) as store:
+        found = store.schedules()
+    if as_json:
+        click.echo(json.dumps({"schedules": [item.to_dict() for item in found]}, indent=2))
+        return
+    for item in found:
+        state = "paused" if item.paused else "active"
+        zone = f" ({item.zone})" if item.zone else ""
+        click.echo(f"{item.name}  {item.cron!r}{zone}  queue {item.queue}  {state}  missed "
+                   f"{item.missed.value}  next {period_key(item.next_at)}")
+    if not found:
+        click.echo("no schedules")
+
+
+@schedule.command("pause")
+@click.argument("name")
+@_STORE_OPTION
+@_OPERATOR_OPTION
+def schedule_pause(name: str, store_url: str, operator: str) -> None:
+    """Enqueue nothing for NAME until it is resumed."""
+    from postroom.store import open_store
+
+    with open_store(store_url) as store:
+        changed = store.pause_schedule(name, operator=operator)
+    click.echo(json.dumps({"name": name, "paused": True, "changed": changed}))
+
+
+@schedule.command("resume")
+@click.argument("name")
+@_STORE_OPTION
+@_OPERATOR_OPTION
+def schedule_resume(name: str, store_url: str, operator: str) -> None:
+    """Let NAME enqueue again; what its pause let pass is handled by its --missed policy."""
+    from postroom.store import open_store
+
+    with open_store(store_url) as store:
+        changed = store.resume_schedule(name, operator=operator)
+    click.echo(json.dumps({"name": name, "paused": False, "changed": changed}))
+
+
+@schedule.command("remove")
+@click.argument("name")
+@_STORE_OPTION
+def schedule_remove(name: str, store_url: str) -> None:
+    """Forget NAME; the tasks it enqueued stay."""
+    from postroom.errors import NotFound
+    from postroom.store import open_store
+
+    with open_store(store_url) as store:
+        if not store.remove_schedule(name):
+            raise NotFound(f"no schedule {name!r}")
+    click.echo(json.dumps({"name": name, "removed": True}))
 
 
 @main.command()

@@ -121,7 +121,7 @@ def add(tx: Tx, definition: Definition, *, operator: str, replace: bool) -> Peri
         if not replace:
             raise Conflict(f"schedule {definition.name!r} exists with another definition "
                            f"({row['cron']!r} on queue {row['queue']!r}); replace it to "
-                           f"change it")
+                           f"change it (replace=True; --replace on the command line)")
         since = row["last_period"] if row["last_period"] is not None else tx.now
         tx.change("schedule_replace", next_at=cron.next_after(float(since)), operator=operator,
                   now=tx.now, **fields)
