@@ -7,6 +7,7 @@ step takes is the child's until the next one (``finish``, ``renew`` and ``fail``
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import postroom
@@ -46,9 +47,33 @@ def _receive_atomic(ctx: Context, message_ids: list[str]) -> list[postroom.Ack]:
 
 
 @step("claim")
-def _claim(ctx: Context, owner: str | None = None) -> postroom.Claim | None:
-    ctx.claim = ctx.store.claim(owner or ctx.name)
+def _claim(ctx: Context, owner: str | None = None,
+           queues: list[str] | None = None) -> postroom.Claim | None:
+    ctx.claim = ctx.store.claim(owner or ctx.name, queues=queues or ("default",))
     return ctx.claim
+
+
+@step("hold_limited")
+def _hold_limited(ctx: Context, queue: str, window: float, hold: float) -> list[list[float]]:
+    """For ``window`` seconds, claim one task of ``queue`` at a time, hold it ``hold`` seconds
+    and finish it. Each claim is ``[held_from, held_until, running]``: a span inside the
+    task's time running (from after its claim committed to before its finish began, on the
+    host's monotonic clock, which every process shares) and how many tasks of the queue the
+    database showed running in the middle of it."""
+    held: list[list[float]] = []
+    ends = time.monotonic() + window
+    while time.monotonic() < ends:
+        claim = ctx.store.claim(ctx.name, queues=queue)
+        if claim is None:
+            time.sleep(0.002)
+            continue
+        held_from = time.monotonic()
+        time.sleep(hold / 2)
+        running = ctx.store.status().queues[queue].processing
+        time.sleep(hold / 2)
+        held.append([held_from, time.monotonic(), running])
+        ctx.store.finish(claim, "held")
+    return held
 
 
 @step("renew")
