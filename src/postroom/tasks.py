@@ -18,6 +18,7 @@ from postroom.db.dialect import Row
 from postroom.errors import Conflict, Fenced, NotFound, PostroomError, WaitNotOpened
 from postroom.inbox import store_message
 from postroom.models import Claim, OpenResult, Retry, Settled, TaskState, WaitOpening
+from postroom.queues import free_slots
 from postroom.settings import Settings
 from postroom.transitions import TaskDecision
 from postroom.validation import RETRIES, CheckedEnvelope, check_envelope
@@ -270,7 +271,7 @@ def claim(tx: Tx, settings: Settings, *, owner: str, queues: Sequence[str], limi
         want = min(limit - len(claims), caps.get(queue, limit))
         control = controls[queue]
         capped = control is not None and control["running_limit"] is not None
-        slots = _free_slots(tx, queue, want) if capped else []
+        slots = free_slots(tx, queue, want) if capped else []
         if capped and not slots:
             continue
         rows = tx.all("claim_tasks", queue=queue, now=now, limit=len(slots) if capped else want,
@@ -290,16 +291,6 @@ def claim(tx: Tx, settings: Settings, *, owner: str, queues: Sequence[str], limi
             tx.log(_log, logging.DEBUG, "task claimed", task_id=one.task_id, owner=owner,
                    fence=one.fence, attempt=one.attempt, state=TaskState.RUNNING.value)
     return claims
-
-
-def _free_slots(tx: Tx, queue: str, want: int) -> list[int]:
-    """Lock up to ``want`` free slots of a limited queue for this claim; those that a claim
-    committed meanwhile took are left out (see ``queue_slots_held``)."""
-    locked = [int(row["slot"]) for row in tx.all("queue_free_slots", queue=queue, limit=want)]
-    if not locked:
-        return []
-    held = {int(row["slot"]) for row in tx.all("queue_slots_held", queue=queue)}
-    return [slot for slot in locked if slot not in held]
 
 
 def renew(tx: Tx, claim: Claim, *, lease: float) -> Claim:

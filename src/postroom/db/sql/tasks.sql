@@ -324,6 +324,17 @@ ON CONFLICT (queue) DO UPDATE SET running = excluded.running
 INSERT INTO queue_slots (queue, slot) VALUES (:queue, :slot)
 ON CONFLICT (queue, slot) DO NOTHING
 
+-- name: queue_running_unseated
+-- Up to :limit running tasks of a queue that hold none of its slots at their fence (they ran
+-- before the queue was limited, or held a slot a lower limit dropped), oldest claim first.
+SELECT tasks.task_id, tasks.fence FROM tasks
+WHERE tasks.state = 'running' AND tasks.queue = :queue
+  AND NOT EXISTS (SELECT 1 FROM queue_slots
+                  WHERE queue_slots.queue = :queue AND queue_slots.task_id = tasks.task_id
+                    AND queue_slots.fence = tasks.fence)
+ORDER BY tasks.claim_at, tasks.task_id
+LIMIT :limit
+
 -- name: queue_slots_trim
 -- Drop the slots above a lowered limit (a task holding one runs on; no new claim takes it).
 DELETE FROM queue_slots WHERE queue = :queue AND slot > :running
