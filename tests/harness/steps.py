@@ -125,6 +125,13 @@ def _retry(ctx: Context, task_id: str) -> str:
     return ctx.store.retry(task_id, operator="op", reason="test").new_task_id
 
 
+@step("retry_many")
+def _retry_many(ctx: Context, state: str) -> list[str]:
+    """Run again every task in ``state``, newest first; the new tasks' ids."""
+    reruns = ctx.store.retry_many(operator="op", reason="test", state=state)
+    return [rerun.new_task_id for rerun in reruns if isinstance(rerun, postroom.Retry)]
+
+
 @step("pause")
 def _pause(ctx: Context, queue: str) -> bool:
     return ctx.store.pause_queue(queue, operator="op", reason="test")
