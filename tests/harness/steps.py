@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import postroom
+from postroom.models import Retry
 from tests.harness.children import Context, step
 from tests.support import envelope
 
@@ -129,7 +130,7 @@ def _retry(ctx: Context, task_id: str) -> str:
 def _retry_many(ctx: Context, state: str) -> list[str]:
     """Run again every task in ``state``, newest first; the new tasks' ids."""
     reruns = ctx.store.retry_many(operator="op", reason="test", state=state)
-    return [rerun.new_task_id for rerun in reruns if isinstance(rerun, postroom.Retry)]
+    return [rerun.new_task_id for rerun in reruns if isinstance(rerun, Retry)]
 
 
 @step("pause")
