@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from postroom.db import Tx, Write
 
-__all__ = ["LIMIT", "PAUSE", "RESUME", "Paused", "limits", "pause", "paused", "resume",
-           "set_limit"]
+__all__ = ["LIMIT", "PAUSE", "RESUME", "Paused", "free_slots", "limits", "pause", "paused",
+           "resume", "set_limit"]
 
 PAUSE = Write("queue.pause")
 RESUME = Write("queue.resume")
@@ -58,8 +58,10 @@ def paused(tx: Tx) -> list[Paused]:
 def set_limit(tx: Tx, queue: str, running: int | None) -> None:
     """At most ``running`` tasks of ``queue`` at once (``None``: no limit).
 
-    Lowering it keeps the tasks running now (none is stopped); no new one is claimed until
-    fewer than the new limit run.
+    The tasks running now keep running (none is stopped) and take the free slots, so a new
+    limit counts them: no new task is claimed while ``running`` or more run. If more than
+    ``running`` run (a limit set or lowered below them), the ones beyond it hold no slot and
+    run on; until they end, a claim may take a slot that frees (the count only falls).
     """
     if running is None:
         tx.change("queue_limit_clear", queue=queue)
@@ -68,7 +70,22 @@ def set_limit(tx: Tx, queue: str, running: int | None) -> None:
     tx.change_many("queue_slot_add", [{"queue": queue, "slot": slot}
                                       for slot in range(1, running + 1)])
     tx.change("queue_slots_trim", queue=queue, running=running)
+    free = free_slots(tx, queue, running)
+    unseated = tx.all("queue_running_unseated", queue=queue, limit=max(1, len(free)))
+    tx.change_many("queue_slot_take", [
+        {"queue": queue, "slot": slot, "task_id": row["task_id"], "fence": int(row["fence"])}
+        for slot, row in zip(free, unseated, strict=False)])
     tx.notify(queue)
+
+
+def free_slots(tx: Tx, queue: str, want: int) -> list[int]:
+    """Lock up to ``want`` free slots of a limited queue for this transaction; those that a
+    claim committed meanwhile took are left out (see ``queue_slots_held``)."""
+    locked = [int(row["slot"]) for row in tx.all("queue_free_slots", queue=queue, limit=want)]
+    if not locked:
+        return []
+    held = {int(row["slot"]) for row in tx.all("queue_slots_held", queue=queue)}
+    return [slot for slot in locked if slot not in held]
 
 
 def limits(tx: Tx) -> dict[str, int]:

@@ -18,6 +18,7 @@ from postroom.db.dialect import Row
 from postroom.errors import Conflict, Fenced, NotFound, PostroomError, WaitNotOpened
 from postroom.inbox import store_message
 from postroom.models import Claim, OpenResult, Retry, Settled, TaskState, WaitOpening
+from postroom.queues import free_slots
 from postroom.settings import Settings
 from postroom.transitions import TaskDecision
 from postroom.validation import RETRIES, CheckedEnvelope, check_envelope
@@ -270,8 +271,7 @@ def claim(tx: Tx, settings: Settings, *, owner: str, queues: Sequence[str], limi
         want = min(limit - len(claims), caps.get(queue, limit))
         control = controls[queue]
         capped = control is not None and control["running_limit"] is not None
-        slots = ([int(row["slot"]) for row in tx.all("queue_free_slots", queue=queue,
-                                                      limit=want)] if capped else [])
+        slots = free_slots(tx, queue, want) if capped else []
         if capped and not slots:
             continue
         rows = tx.all("claim_tasks", queue=queue, now=now, limit=len(slots) if capped else want,

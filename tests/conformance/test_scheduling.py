@@ -169,6 +169,24 @@ def test_lowering_a_limit_stops_nothing_and_lifting_it_frees_claims(store, auth)
     assert store.queue_limits() == {}
 
 
+def test_a_limit_set_on_a_busy_queue_counts_the_tasks_already_running(store, auth):
+    store.receive_atomic(auth, [envelope(f"m-{i}") for i in range(6)])
+    running = store.claim_batch("w", 2)
+    store.set_queue_limit("default", 3)
+    assert len(store.claim_batch("w", 6)) == 1
+    store.finish(running[0], "ok")  # a task seated by the limit gives its slot back too
+    assert len(store.claim_batch("w", 6)) == 1
+
+
+def test_lowering_a_limit_keeps_counting_the_tasks_whose_slots_it_dropped(store, auth):
+    store.receive_atomic(auth, [envelope(f"m-{i}") for i in range(6)])
+    store.set_queue_limit("default", 3)
+    first, *_ = store.claim_batch("w", 3)
+    store.finish(first, "ok")  # slot 1 free; the two running hold slots 2 and 3
+    store.set_queue_limit("default", 2)
+    assert store.claim_batch("w", 6) == []  # the two running take the two slots left
+
+
 @pytest.mark.parametrize("running", [0, -1, 1.5, True, 10**6])
 def test_a_limit_that_is_not_a_sensible_count_is_refused(store, running):
     with pytest.raises(postroom.InvalidInput, match="running"):

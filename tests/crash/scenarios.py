@@ -350,6 +350,38 @@ class Retry(CommitCrash):
         world.dispatch()
 
 
+class RetryMany(CommitCrash):
+    """The process dies in a bulk re-run, at the second task's decision: each re-run is a
+    transaction of its own, so the first one stands and the second is all or nothing."""
+
+    #: The bulk call's commits passed before the one it dies at.
+    skip = 1
+
+    def setup(self, world: World) -> None:
+        for message_id in ("m-1", "m-2"):
+            world.receive(message_id)
+            world.store.cancel(task_id(message_id))
+
+    def steps(self, world: World) -> Sequence[Call]:
+        return [call("retry_many", state="cancelled")]
+
+    def _reruns(self, world: World) -> int:
+        return sum(len(world.store.retries(task_id(m))) for m in ("m-1", "m-2"))
+
+    def left_nothing(self, world: World) -> None:
+        assert self._reruns(world) == 1
+
+    def left_everything(self, world: World) -> None:
+        assert self._reruns(world) == 2
+        assert {len(world.store.retries(task_id(m))) for m in ("m-1", "m-2")} == {1}
+
+    def retry(self, world: World) -> None:
+        # The operator runs it again: every cancelled task once more, each a new decision.
+        again = world.store.retry_many(operator="op", reason="again", state="cancelled")
+        assert len(again) == 2 and self._reruns(world) == (4 if self.committed else 3)
+        world.dispatch()
+
+
 class Pause(CommitCrash):
     """The process dies pausing a queue: paused for every host, or not at all."""
 
@@ -628,6 +660,12 @@ class Migrate(CommitCrash):
         world.work()
         world.dispatch()
 
+
+#: Crashes at a later commit of a call that makes many (a bulk call): the scenario's ``skip``
+#: says how many commits of the point it passes first. Keyed by the point and the call.
+BULK_CRASHES: dict[tuple[str, str], Crash] = {
+    (f"retry.{when}_commit", "retry_many"): RetryMany(committed=when == "after")
+    for when in ("before", "after")}
 
 CRASHES: dict[str, Crash] = {
     **commits("receive", Receive),

@@ -10,13 +10,15 @@ terminal, reply sent, exactly one receiver effect. The scenarios are in ``scenar
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 import postroom  # noqa: F401 - importing postroom registers every module's fault points
 from postroom import faults
 from tests.crash.endpoint_scenarios import ENDPOINT_CRASHES
+from tests.crash.scenarios import BULK_CRASHES, Call, Crash
 from tests.crash.scenarios import CRASHES as TASK_CRASHES
-from tests.crash.scenarios import Call, Crash
 from tests.crash.schedule_scenarios import SCHEDULE_CRASHES
 from tests.crash.wait_scenarios import WAIT_CRASHES
 from tests.crash.world import World
@@ -40,7 +42,7 @@ def crash_child(world: World, crash: Crash, point: str) -> None:
         for step in before:
             world.answers[step.name] = child.call(step.name, now=moment(world, step),
                                                   **step.args)
-        child.call("arm", point=point, code=CODE)
+        child.call("arm", point=point, code=CODE, skip=getattr(crash, "skip", 0))
         child.go(last.name, now=moment(world, last), **last.args)
         code = child.exit_code()
         assert code == CODE, (f"{point} was not reached: {last.name!r} answered "
@@ -62,6 +64,17 @@ def test_a_crash_at_the_point_leaves_all_or_nothing_and_the_retry_converges(poin
         pytest.fail(f"fault point {point!r} has no crash scenario: add it to CRASHES in "
                     f"tests/crash/scenarios.py (WAIT_CRASHES in wait_scenarios.py for waits, "
                     f"ENDPOINT_CRASHES in endpoint_scenarios.py for endpoints)")
+    crash_and_converge(crash, point, make_url)
+
+
+@pytest.mark.parametrize(("point", "call"), list(BULK_CRASHES))
+def test_a_crash_at_a_later_commit_of_a_bulk_call_keeps_the_earlier_ones_and_converges(
+        point, call, make_url):
+    crash_and_converge(BULK_CRASHES[point, call], point, make_url)
+
+
+def crash_and_converge(crash: Crash, point: str, make_url: Any) -> None:
+    """Set up, crash a child at ``point``, check, audit, retry, check convergence, audit."""
     world = World(make_url("store"), make_url("receiver"))
     try:
         crash.setup(world)
@@ -79,3 +92,4 @@ def test_a_crash_at_the_point_leaves_all_or_nothing_and_the_retry_converges(poin
 
 def test_every_scenario_names_a_registered_point():
     assert sorted(set(CRASHES) - set(POINTS)) == []
+    assert sorted({point for point, _ in BULK_CRASHES} - set(POINTS)) == []

@@ -516,9 +516,21 @@ def step(name: str) -> Callable[[Step], Step]:
 
 
 @step("arm")
-def _arm(ctx: Context, point: str, code: int) -> None:
-    """End this process with ``os._exit(code)`` when it next passes the fault point."""
-    faults.arm(point, faults.crash(code))
+def _arm(ctx: Context, point: str, code: int, skip: int = 0) -> None:
+    """End this process with ``os._exit(code)`` when it next passes the fault point, or once
+    it passed it ``skip`` times (the commit of a bulk call's later transaction)."""
+    if not skip:
+        faults.arm(point, faults.crash(code))
+        return
+    passed = [0]
+    die = faults.crash(code)
+
+    def after_skipping(name: str) -> None:
+        passed[0] += 1
+        if passed[0] > skip:
+            die(name)
+
+    faults.arm(point, after_skipping, times=None)
 
 
 @step("open")

@@ -7,9 +7,11 @@ step takes is the child's until the next one (``finish``, ``renew`` and ``fail``
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import postroom
+from postroom.models import Retry
 from tests.harness.children import Context, step
 from tests.support import envelope
 
@@ -46,9 +48,33 @@ def _receive_atomic(ctx: Context, message_ids: list[str]) -> list[postroom.Ack]:
 
 
 @step("claim")
-def _claim(ctx: Context, owner: str | None = None) -> postroom.Claim | None:
-    ctx.claim = ctx.store.claim(owner or ctx.name)
+def _claim(ctx: Context, owner: str | None = None,
+           queues: list[str] | None = None) -> postroom.Claim | None:
+    ctx.claim = ctx.store.claim(owner or ctx.name, queues=queues or ("default",))
     return ctx.claim
+
+
+@step("hold_limited")
+def _hold_limited(ctx: Context, queue: str, window: float, hold: float) -> list[list[float]]:
+    """For ``window`` seconds, claim one task of ``queue`` at a time, hold it ``hold`` seconds
+    and finish it. Each claim is ``[held_from, held_until, running]``: a span inside the
+    task's time running (from after its claim committed to before its finish began, on the
+    host's monotonic clock, which every process shares) and how many tasks of the queue the
+    database showed running in the middle of it."""
+    held: list[list[float]] = []
+    ends = time.monotonic() + window
+    while time.monotonic() < ends:
+        claim = ctx.store.claim(ctx.name, queues=queue)
+        if claim is None:
+            time.sleep(0.002)
+            continue
+        held_from = time.monotonic()
+        time.sleep(hold / 2)
+        running = ctx.store.status().queues[queue].processing
+        time.sleep(hold / 2)
+        held.append([held_from, time.monotonic(), running])
+        ctx.store.finish(claim, "held")
+    return held
 
 
 @step("renew")
@@ -98,6 +124,13 @@ def _cancel(ctx: Context, task_id: str) -> bool:
 def _retry(ctx: Context, task_id: str) -> str:
     """Run a cancelled (failed, expired) task again; the new task's id."""
     return ctx.store.retry(task_id, operator="op", reason="test").new_task_id
+
+
+@step("retry_many")
+def _retry_many(ctx: Context, state: str) -> list[str]:
+    """Run again every task in ``state``, newest first; the new tasks' ids."""
+    reruns = ctx.store.retry_many(operator="op", reason="test", state=state)
+    return [rerun.new_task_id for rerun in reruns if isinstance(rerun, Retry)]
 
 
 @step("pause")

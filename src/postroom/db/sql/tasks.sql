@@ -280,6 +280,17 @@ ORDER BY queue_slots.slot
 LIMIT :limit
 {skip_locked_slots}
 
+-- name: queue_slots_held
+-- The slots of a queue that a running task holds at the fence it was claimed with, read
+-- afresh once a claim has locked its free slots: a slot that another claim took and committed
+-- while this one waited for its lock passes queue_free_slots anyway, since READ COMMITTED
+-- re-checks the locked slot row but not the task row it joins (still pending in that
+-- statement's snapshot).
+SELECT queue_slots.slot FROM queue_slots
+JOIN tasks ON tasks.task_id = queue_slots.task_id AND tasks.state = 'running'
+          AND tasks.fence = queue_slots.fence
+WHERE queue_slots.queue = :queue
+
 -- name: queue_slot_take
 -- A claimed task holds a slot of its limited queue while it runs under this fence.
 UPDATE queue_slots SET task_id = :task_id, fence = :fence
@@ -312,6 +323,17 @@ ON CONFLICT (queue) DO UPDATE SET running = excluded.running
 -- One slot of a limited queue.
 INSERT INTO queue_slots (queue, slot) VALUES (:queue, :slot)
 ON CONFLICT (queue, slot) DO NOTHING
+
+-- name: queue_running_unseated
+-- Up to :limit running tasks of a queue that hold none of its slots at their fence (they ran
+-- before the queue was limited, or held a slot a lower limit dropped), oldest claim first.
+SELECT tasks.task_id, tasks.fence FROM tasks
+WHERE tasks.state = 'running' AND tasks.queue = :queue
+  AND NOT EXISTS (SELECT 1 FROM queue_slots
+                  WHERE queue_slots.queue = :queue AND queue_slots.task_id = tasks.task_id
+                    AND queue_slots.fence = tasks.fence)
+ORDER BY tasks.claim_at, tasks.task_id
+LIMIT :limit
 
 -- name: queue_slots_trim
 -- Drop the slots above a lowered limit (a task holding one runs on; no new claim takes it).
