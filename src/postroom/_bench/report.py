@@ -221,7 +221,9 @@ def _bar(bar: dict[str, Any]) -> list[str]:
 
 
 def _number(value: float, unit: str) -> str:
-    """Rates as whole numbers, latencies to a tenth of a millisecond."""
+    """Rates as whole numbers, latencies to a tenth of a millisecond, quotients to 3 places."""
+    if unit == "x":
+        return f"{value:.3f}"
     return f"{value:,.1f}" if unit == "ms" else f"{value:,.0f}"
 
 
