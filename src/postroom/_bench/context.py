@@ -83,7 +83,7 @@ class Sizes:
 FULL = Sizes(raw_commits=1_000, rounds=7, backlogs=(1_000, 100_000, 1_000_000),
              claim_cycles=500, single_tasks=300, batch_size=500, batches=4, signals=500,
              pg_workers=(1, 4, 16), latency_tasks=300, commit_pages=(1, 2, 4, 6, 8, 12),
-             runtime_tasks=10_000, pg_runtime_tasks=5_000, io_tasks=160, rss_warm_up=10_000,
+             runtime_tasks=10_000, pg_runtime_tasks=3_000, io_tasks=160, rss_warm_up=10_000,
              rss_tasks=100_000, pg_rss_tasks=100_000, future_backlog=1_000_000,
              due_tasks=1_000)
 QUICK = Sizes(raw_commits=100, rounds=2, backlogs=(100, 1_000, 3_000), claim_cycles=40,
@@ -163,7 +163,7 @@ class Measurement:
     def to_dict(self) -> dict[str, Any]:
         """The row as plain JSON values."""
         return {"id": self.id, "label": self.label, "backend": self.backend, "unit": self.unit,
-                "value": round(self.value, 1),
+                "value": round(self.value, 4 if self.unit == "x" else 1),
                 "ratio_to_raw": None if self.ratio is None else round(self.ratio, 4),
                 "rounds": [round(rate, 1) for rate in self.rounds.rates],
                 "round_ratios": [round(ratio, 4) for ratio in self.rounds.ratios],
