@@ -76,6 +76,8 @@ def render(report: dict[str, Any]) -> str:
             "no ratio.",
             ["measurement", "median", "ratio to raw SQLite commits/s (median)", "rounds"],
             [_figure(row) for row in postgres_rows])
+    if any(row["id"].startswith("runtime.") for row in rows):
+        lines += ["", "## Through the runtime", "", _RUNTIME]
     if report["bars"]:
         lines += _section("Bars", "", ["bar", "measured", "required", "result"],
                           [_bar(bar) for bar in report["bars"]])
@@ -169,6 +171,18 @@ def render(report: dict[str, Any]) -> str:
         lines.append("```")
     lines += ["", "## Sizes", "", "```", *_sizes(report["sizes"]), "```", ""]
     return "\n".join(lines)
+
+
+_RUNTIME = (
+    "The `runtime.*` figures are made by real `postroom worker` (and `postroom dispatch "
+    "--receiver`) processes with their default settings (`WorkerSettings()`: concurrency 16, "
+    "prefetch 0, settle_batch 500, linger 2 ms, poll 1 s, duties on), running "
+    "`postroom._bench.handlers`. A round receives its tasks one at a time into a paused queue "
+    "(not timed), resumes it with every process ready and idle, and lasts from the first "
+    "claim to the last task done (or reply delivered), read from the tasks' attempt history "
+    "and the replies' `sent_at`. A latency runs from `receive` returning to the handler "
+    "starting (the handler returns `time.monotonic()`). An RSS figure is `VmRSS` at the end "
+    "of the long run over `VmRSS` after the warm-up.")
 
 
 def write(report: dict[str, Any], path: Path) -> None:
