@@ -23,7 +23,8 @@ __all__ = ["main"]
 #: Written here so that ``postroom --help`` imports no benchmark module; a test holds them
 #: to ``postroom._bench``'s own.
 BENCH_SCENARIOS = ("claim", "single", "batched", "commit-cost", "signals", "pg-claim", "pg-e2e",
-                   "pg-latency")
+                   "pg-latency", "worker", "delivered", "worker-latency", "concurrency",
+                   "scheduled", "rss", "pg-workers", "pg-worker-latency", "pg-rss")
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
@@ -191,8 +192,12 @@ def audit(urls: tuple[str, ...]) -> None:
               help="The PostgreSQL database the pg-* scenarios create (and drop) their "
                    "schemas in; an unreachable server fails the run unless --only leaves "
                    "them out.")
-def bench(quick: bool, only: tuple[str, ...], folder: Path | None,
-          results: Path | None, pg_url: str) -> None:
+@click.option("--rss-tasks", type=click.IntRange(1, 100_000_000), default=None, metavar="N",
+              help="Tasks the long run of the rss and pg-rss scenarios delivers (the issue "
+                   "asks for 1,000,000 on SQLite and 100,000 on PostgreSQL; default: 100,000 "
+                   "each, 1,000 with --quick).")
+def bench(quick: bool, only: tuple[str, ...], folder: Path | None,  # noqa: PLR0917
+          results: Path | None, pg_url: str, rss_tasks: int | None) -> None:
     """Measure postroom against a raw SQLite commit loop and judge the performance bars.
 
     Prints the report as JSON on stdout (progress goes to stderr). Every figure is also a
@@ -211,10 +216,14 @@ def bench(quick: bool, only: tuple[str, ...], folder: Path | None,
     words = ["postroom bench", *(["--quick"] if quick else []),
              *(f"--only {name}" for name in only),
              *([f"--pg-url {public_url(pg_url)}"] if pg_url != DEFAULT_PG_URL else []),
-             *([f"--results {results}"] if results is not None else [])]
+             *([f"--results {results}"] if results is not None else []),
+             *([f"--rss-tasks {rss_tasks}"] if rss_tasks is not None else [])]
     mode = "quick" if quick else ("partial" if only else "full")
+    sizes = QUICK if quick else FULL
+    if rss_tasks is not None:
+        sizes = dataclasses.replace(sizes, rss_tasks=rss_tasks, pg_rss_tasks=rss_tasks)
     try:
-        outcome = run_bench(sizes=QUICK if quick else FULL, mode=mode,
+        outcome = run_bench(sizes=sizes, mode=mode,
                             folder=folder if folder is not None else default_folder(),
                             only=only, pg_url=pg_url, command=" ".join(words),
                             progress=lambda line: click.echo(line, err=True))
