@@ -202,8 +202,7 @@ class _Process:
 
 def _story(echo: Callable[[str], None], check: Checks, root: Path) -> None:
     url, receiver_url = f"sqlite:///{root / 'postroom.db'}", f"sqlite:///{root / 'receiver.db'}"
-    stack = ExitStack()
-    with stack:
+    with ExitStack() as stack:
         store = stack.enter_context(Store.open(url))
         receiver = stack.enter_context(Receiver.open(receiver_url))
         requester = stack.enter_context(_serving())
@@ -219,7 +218,6 @@ def _story(echo: Callable[[str], None], check: Checks, root: Path) -> None:
         def worker(name: str) -> _Process:
             return start(name, "worker", url, "--import", "postroom.demo_handlers",
                          "--lease", f"{_LEASE:g}", "--poll", "0.1", "--owner", name)
-
 
         echo(f"postroom demo: store    {url}\n               receiver {receiver_url}\n"
              f"               serving the requester's webhooks at {requester.url}\n")
