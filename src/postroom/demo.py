@@ -28,7 +28,7 @@ from typing import IO
 from postroom.audit import audit_url
 from postroom.errors import Fenced
 from postroom.http.receiving import ReceiverApp
-from postroom.models import AuthContext, Claim, Envelope
+from postroom.models import Attempt, AttemptOutcome, AuthContext, Claim, Envelope
 from postroom.receiver import Receiver
 from postroom.store import Store
 
@@ -202,8 +202,7 @@ class _Process:
 
 def _story(echo: Callable[[str], None], check: Checks, root: Path) -> None:
     url, receiver_url = f"sqlite:///{root / 'postroom.db'}", f"sqlite:///{root / 'receiver.db'}"
-    stack = ExitStack()
-    with stack:
+    with ExitStack() as stack:
         store = stack.enter_context(Store.open(url))
         receiver = stack.enter_context(Receiver.open(receiver_url))
         requester = stack.enter_context(_serving())
@@ -219,7 +218,6 @@ def _story(echo: Callable[[str], None], check: Checks, root: Path) -> None:
         def worker(name: str) -> _Process:
             return start(name, "worker", url, "--import", "postroom.demo_handlers",
                          "--lease", f"{_LEASE:g}", "--poll", "0.1", "--owner", name)
-
 
         echo(f"postroom demo: store    {url}\n               receiver {receiver_url}\n"
              f"               serving the requester's webhooks at {requester.url}\n")
@@ -284,27 +282,38 @@ def _story(echo: Callable[[str], None], check: Checks, root: Path) -> None:
         check(done.state == "done" and done.result["fence"] == 2, "done by worker-2's claim")
 
         dispatcher = start("dispatcher", "dispatch", url, "--poll", "0.1", "--timeout", "2",
-                           "--log-level", "warning")
-        _until(lambda: (r := store.reply(task_id)) is not None and r.attempts >= 1
-               and r.state == "pending", "the first delivery to be recorded")
+                           "--log-level", "warning", "--owner", "dispatcher")
+        def deliveries() -> list[Attempt]:
+            return [d for d in store.story(task_id).deliveries if d.outcome is not None]
+
+        def delivery_row(d: Attempt) -> str:
+            return (f"delivery {d.attempt}: {d.outcome} (owner {d.owner}, fence {d.fence})"
+                    + (f"\n                  {d.error}" if d.error else ""))
+
+        _until(lambda: bool(deliveries()), "the first delivery to be recorded")
+        first_delivery = deliveries()[0]
         reply = store.reply(task_id)
         assert reply is not None
+        effects = receiver.effect_count(reply.reply_id)
         echo(f"7. deliver #1   `postroom dispatch` POSTs the reply; the receiver commits it, "
-             f"then {requester.answers[0]}:\n                the ACK is lost; "
-             f"reply {reply_row(task_id)}"
-             f"\n                receiver effects for {reply.reply_id}: "
-             f"{receiver.effect_count(reply.reply_id)}")
-        check(requester.answers == [_DROPPED] and receiver.effect_count(reply.reply_id) == 1,
-              "one effect, reply pending again")
+             f"then {requester.answers[0]}:\n                the ACK is lost, so the outbox "
+             f"records {delivery_row(first_delivery)}\n                receiver effects for "
+             f"{reply.reply_id}: {effects}")
+        check(requester.answers[0] == _DROPPED and effects == 1
+              and first_delivery.outcome is AttemptOutcome.TRANSIENT,
+              "one effect, the delivery to be tried again")
 
         _until(lambda: (r := store.reply(task_id)) is not None and r.state == "sent",
                "the redelivery to be recorded sent")
         again = store.reply(task_id)
         assert again is not None
+        last_delivery = deliveries()[-1]
         echo(f"8. deliver #2   {_RETRY:g} s later it delivers again, reusing reply_id "
              f"{again.reply_id == reply.reply_id}; the receiver answers\n                "
-             f"{requester.answers[-1]}\n                reply {reply_row(task_id)}")
-        check(again.attempts == 2 and again.reply_id == reply.reply_id, "same reply_id, sent")
+             f"{requester.answers[-1]}\n                {delivery_row(last_delivery)}"
+             f"\n                reply {reply_row(task_id)}")
+        check(again.attempts == 2 and again.reply_id == reply.reply_id
+              and last_delivery.outcome is AttemptOutcome.DELIVERED, "same reply_id, sent")
 
         codes = [second.stop(signal.SIGTERM), dispatcher.stop(signal.SIGTERM)]
         stopped = dispatcher.output().splitlines()[-1]

@@ -28,7 +28,8 @@ def test_demo_tells_the_whole_story_and_succeeds():
                      "(exit code -9)", "state=running owner=worker-1 fence=1",
                      "state=running owner=worker-2 fence=2 attempts=2", "rejected",
                      'state=done result={"fence": 2', "drops the connection without answering",
-                     "reply state=pending attempts=1", "reusing reply_id True",
+                     "records delivery 1: transient", "delivery 2: delivered",
+                     "reusing reply_id True",
                      '"duplicate": true', "reply state=sent attempts=2",
                      "exit codes 143 and 143", "2 deliveries reached the receiver",
                      "receiver effects 1", "audit       clean", "every step held"):
