@@ -86,6 +86,7 @@ from postroom.models import (
     WaitOpening,
     WaitState,
 )
+from postroom.principals import Issued, Principal, Role
 from postroom.receiver import Receiver
 from postroom.settings import ExponentialBackoff, FixedBackoff, Settings
 from postroom.store import Store, open_store
@@ -122,6 +123,7 @@ __all__ = [
     "InProcessTransport",
     "InvalidEnvelope",
     "InvalidInput",
+    "Issued",
     "Limits",
     "ManualClock",
     "NotFound",
@@ -136,6 +138,7 @@ __all__ = [
     "PermanentDeliveryError",
     "Position",
     "PostroomError",
+    "Principal",
     "QueueStatus",
     "Receiver",
     "ReceiverAck",
@@ -146,6 +149,7 @@ __all__ = [
     "Requeue",
     "ResumeResult",
     "Resumption",
+    "Role",
     "Schedule",
     "SchemaError",
     "Settings",
