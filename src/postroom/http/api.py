@@ -434,8 +434,9 @@ def signal(call: Call) -> Answer:
     assert call.caller is not None
     generation = _generation(call.params["generation"])
     wait = _visible_wait(call, generation)
-    if not may_answer(call.principal, wait):
-        raise NOT_FOUND
+    if not may_answer(call.principal, wait):  # an operator, for a wait addressed to another
+        raise Problem(403, "forbidden", "Forbidden",
+                      "this wait adopts only the answer of the principal it is addressed to")
     receipt = call.store.signal(call.caller.auth, call.body["event_id"], wait.flow, wait.step,
                                 wait.generation, call.body.get("value"))
     return Answer(body=plain(receipt))
