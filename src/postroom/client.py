@@ -290,7 +290,17 @@ def _headers(token: str) -> dict[str, str]:
     return {"authorization": f"Bearer {token}", "user-agent": "postroom-client"}
 
 
-def _read(op: _Op, response: httpx.Response) -> Any:
+def _final(answer: httpx.Response | httpx.TransportError, attempt: int, retries: int) -> bool:
+    """Whether this attempt's answer stands (else the request is sent again): a lost
+    connection and a 502/503/504 are retried while attempts remain."""
+    if attempt >= retries:
+        return True
+    return isinstance(answer, httpx.Response) and answer.status_code not in _TRANSIENT
+
+
+def _read(op: _Op, response: httpx.Response | httpx.TransportError) -> Any:
+    if isinstance(response, httpx.TransportError):
+        raise response
     if response.status_code >= 400:
         raise _error(response, op.path)
     return op.read(response.json())
@@ -313,19 +323,17 @@ class Client(_Api):
         self._backoff = backoff
 
     def _send(self, op: _Op) -> Any:
-        for attempt in range(self._retries + 1):
-            last = attempt == self._retries
+        attempt = 0
+        while True:
             try:
-                response = self._http.request(op.method, op.path, json=op.body,
-                                              params=op.params)
-            except httpx.TransportError:
-                if last:
-                    raise
-            else:
-                if response.status_code not in _TRANSIENT or last:
-                    return _read(op, response)
+                answer: httpx.Response | httpx.TransportError = self._http.request(
+                    op.method, op.path, json=op.body, params=op.params)
+            except httpx.TransportError as exc:
+                answer = exc
+            if _final(answer, attempt, self._retries):
+                return _read(op, answer)
             time.sleep(_pause(attempt, self._backoff))
-        raise AssertionError("unreachable")  # the last attempt returns or raises
+            attempt += 1
 
     def close(self) -> None:
         """Close the connections."""
@@ -350,19 +358,17 @@ class AsyncClient(_Api):
         self._backoff = backoff
 
     async def _send(self, op: _Op) -> Any:
-        for attempt in range(self._retries + 1):
-            last = attempt == self._retries
+        attempt = 0
+        while True:
             try:
-                response = await self._http.request(op.method, op.path, json=op.body,
-                                                    params=op.params)
-            except httpx.TransportError:
-                if last:
-                    raise
-            else:
-                if response.status_code not in _TRANSIENT or last:
-                    return _read(op, response)
+                answer: httpx.Response | httpx.TransportError = await self._http.request(
+                    op.method, op.path, json=op.body, params=op.params)
+            except httpx.TransportError as exc:
+                answer = exc
+            if _final(answer, attempt, self._retries):
+                return _read(op, answer)
             await asyncio.sleep(_pause(attempt, self._backoff))
-        raise AssertionError("unreachable")
+            attempt += 1
 
     async def aclose(self) -> None:
         """Close the connections."""
