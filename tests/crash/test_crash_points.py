@@ -17,6 +17,7 @@ import pytest
 import postroom  # noqa: F401 - importing postroom registers every module's fault points
 from postroom import faults
 from tests.crash.endpoint_scenarios import ENDPOINT_CRASHES
+from tests.crash.principal_scenarios import PRINCIPAL_CRASHES
 from tests.crash.scenarios import BULK_CRASHES, Call, Crash
 from tests.crash.scenarios import CRASHES as TASK_CRASHES
 from tests.crash.schedule_scenarios import SCHEDULE_CRASHES
@@ -30,7 +31,7 @@ CODE = 86
 
 POINTS = [p.name for p in faults.registered()]
 CRASHES: dict[str, Crash] = {**TASK_CRASHES, **WAIT_CRASHES, **ENDPOINT_CRASHES,
-                             **SCHEDULE_CRASHES}
+                             **SCHEDULE_CRASHES, **PRINCIPAL_CRASHES}
 
 
 def crash_child(world: World, crash: Crash, point: str) -> None:

@@ -284,3 +284,18 @@ def _schedule_remove(ctx: Context, schedule: str) -> bool:
 def _schedule_round(ctx: Context, limit: int = 100) -> list[postroom.Ack]:
     """One round of the due schedules; the ACK of each period's task."""
     return ctx.store.enqueue_due_schedules(limit=limit)
+
+# -- principals of the HTTP service ---------------------------------------------------------------
+
+
+@step("add_principal")
+def _add_principal(ctx: Context, principal: str, role: str,
+                   queues: list[str] | None = None) -> str:
+    """Add a principal; its token (as the CLI shows it once)."""
+    return ctx.store.add_principal(principal, role, queues=queues or ()).token
+
+
+@step("rotate_token")
+def _rotate_token(ctx: Context, principal: str) -> str:
+    """A new token for a principal (the old one stops at once)."""
+    return ctx.store.rotate_token(principal).token

@@ -19,6 +19,8 @@ PUBLIC = [
     "AddressRefused", "BadSignature", "Endpoint", "EndpointSecret", "Schedule",
     # periodic schedules
     "Missed", "Periodic",
+    # principals of the HTTP service
+    "Issued", "Principal", "Role",
 ]
 
 
