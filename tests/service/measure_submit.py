@@ -1,7 +1,8 @@
 """Submit over HTTP (one client, one keep-alive connection) against in-process ``receive``, one
 at a time, on the same backend: ``python -m tests.service.measure_submit [sqlite] [postgres]``.
 
-Rounds alternate (in-process, then HTTP, on fresh databases of their own) so that both see
+The server is a ``postroom serve`` process, as for a client on another host. Rounds
+alternate (in-process, then HTTP, on fresh databases of their own) so that both see
 the same disk and the same neighbours; prints one JSON line per backend with the median
 rates and their ratio (the issue's bar: HTTP >= 0.5x in-process). Not a ``postroom bench``
 scenario (yet): a measurement from a checkout, on a quiet machine.
@@ -11,20 +12,20 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+import socket
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import httpx
-import uvicorn
 
 import postroom
 from postroom._bench.runner import default_folder
-from postroom.http.app import create_app
 from tests import pg
+from tests.harness.children import Process, python
 
 TASKS = 300
 ROUNDS = 3
@@ -50,30 +51,35 @@ def in_process(url: str) -> float:
 
 
 def over_http(url: str) -> float:
-    """Tasks/s of ``POST /v1/tasks`` from one client on one keep-alive connection."""
+    """Tasks/s of ``POST /v1/tasks`` from one client on one keep-alive connection, to a
+    ``postroom serve`` process of its own (as a client on another host would see it)."""
     with postroom.open_store(url) as store:
         token = store.add_principal("bench", "agent").token
-        server = uvicorn.Server(uvicorn.Config(create_app(store), host="127.0.0.1", port=0,
-                                               log_level="warning", lifespan="off"))
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        while not server.started:
-            time.sleep(0.01)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        try:
-            with httpx.Client(base_url=f"http://127.0.0.1:{port}",
-                              headers={"authorization": f"Bearer {token}"}) as http:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = python("-m", "postroom", "serve", url, "--port", str(port), "--log-level",
+                     "warning")
+    with Process(command, name="serve") as served, httpx.Client(
+            base_url=f"http://127.0.0.1:{port}",
+            headers={"authorization": f"Bearer {token}"}) as http:
+        while True:
+            try:
                 http.get("/healthz")
-                deadline = time.time() + 86_400
-                start = time.perf_counter()
-                for n in range(TASKS):
-                    answer = http.post("/v1/tasks", json={
-                        "message_id": f"m-{n}", "payload": {"n": n}, "deadline": deadline})
-                    assert answer.status_code == 202, answer.text
-                return TASKS / (time.perf_counter() - start)
-        finally:
-            server.should_exit = True
-            thread.join()
+                break
+            except httpx.TransportError:
+                assert served.poll() is None, "postroom serve ended"
+                time.sleep(0.1)
+        deadline = time.time() + 86_400
+        start = time.perf_counter()
+        for n in range(TASKS):
+            answer = http.post("/v1/tasks", json={
+                "message_id": f"m-{n}", "payload": {"n": n}, "deadline": deadline})
+            assert answer.status_code == 202, answer.text
+        rate = TASKS / (time.perf_counter() - start)
+        served.signal(signal.SIGTERM)
+        served.wait(timeout=60)
+    return rate
 
 
 def main(backends: list[str]) -> None:
