@@ -93,3 +93,28 @@ SELECT * FROM replies
 WHERE state = 'dead' AND (updated_at, reply_id) > (:after_updated, :after_reply)
 ORDER BY updated_at, reply_id
 LIMIT :limit
+
+-- name: observe_recent_tasks
+-- The tasks created since :since, newest first, with their replies' delivery history (NULL
+-- while a task has no reply): walks tasks_by_created from its right edge, then one reply per
+-- task by its unique task_id.
+SELECT tasks.*, replies.history AS delivery_history
+FROM tasks LEFT JOIN replies ON replies.task_id = tasks.task_id
+WHERE tasks.created_at >= :since
+ORDER BY tasks.created_at DESC, tasks.task_id DESC
+LIMIT :limit
+
+-- name: observe_pending_before
+-- Tasks created before :since that are still pending: walks the pending backlog's index.
+SELECT count(*) AS n FROM tasks WHERE state = 'pending' AND created_at < :since
+
+-- name: observe_oldest_undelivered
+-- Per queue, when its oldest undelivered (pending, parked or sending) reply was written: the
+-- live replies only, each state through its partial index.
+SELECT queue, min(created_at) AS oldest FROM (
+    SELECT queue, created_at FROM replies WHERE state = 'pending'
+    UNION ALL
+    SELECT queue, created_at FROM replies WHERE state = 'sending'
+) AS undelivered
+WHERE queue IS NOT NULL
+GROUP BY queue
