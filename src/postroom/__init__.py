@@ -88,6 +88,7 @@ from postroom.models import (
     WaitOpening,
     WaitState,
 )
+from postroom.principals import Issued, Principal, Role
 from postroom.receiver import Receiver
 from postroom.settings import ExponentialBackoff, FixedBackoff, Settings
 from postroom.store import Store, open_store
@@ -124,6 +125,7 @@ __all__ = [
     "InProcessTransport",
     "InvalidEnvelope",
     "InvalidInput",
+    "Issued",
     "Limits",
     "ManualClock",
     "NotFound",
@@ -139,6 +141,7 @@ __all__ = [
     "PermanentDeliveryError",
     "Position",
     "PostroomError",
+    "Principal",
     "QueueStatus",
     "Receiver",
     "ReceiverAck",
@@ -149,6 +152,7 @@ __all__ = [
     "Requeue",
     "ResumeResult",
     "Resumption",
+    "Role",
     "Schedule",
     "SchemaError",
     "Settings",

@@ -524,3 +524,109 @@ def dispatch(  # noqa: PLR0917 - click passes every option as an argument
                            "handed_back": dispatcher.released}))
     if dispatcher.exit_code:
         sys.exit(dispatcher.exit_code)
+
+
+@main.group()
+def principal() -> None:
+    """Who may call the HTTP service (`postroom serve`), with which role: add, list, revoke
+    principals and rotate their tokens. A token is printed once; only its hash is kept."""
+
+
+def _show_token(issued: Any, what: str) -> None:
+    click.echo(json.dumps({"principal": issued.principal.name,
+                           "role": issued.principal.role.value,
+                           "queues": list(issued.principal.queues), "token": issued.token}))
+    click.echo(f"{what}: this is the only time the token is shown; give it to its holder, "
+               "who sends it as 'Authorization: Bearer <token>'", err=True)
+
+
+@principal.command("add")
+@click.argument("name")
+@_STORE_OPTION
+@click.option("--role", required=True,
+              type=click.Choice(["agent", "worker", "human", "operator"]),
+              help="agent: submits tasks and reads its own; worker: works the tasks of its "
+                   "--queue; human: answers the waits addressed to it; operator: everything.")
+@click.option("--queue", "queues", multiple=True, metavar="QUEUE",
+              help="A queue a worker is granted (repeat for more; a worker needs one).")
+def principal_add(name: str, store_url: str, role: str, queues: tuple[str, ...]) -> None:
+    """Add the principal NAME with a role, and print its first token once."""
+    from postroom.store import open_store
+
+    with open_store(store_url) as store:
+        issued = store.add_principal(name, role, queues=queues)
+    _show_token(issued, "added")
+
+
+@principal.command("list")
+@_STORE_OPTION
+@click.option("--json", "as_json", is_flag=True, help="One JSON document.")
+def principal_list(store_url: str, as_json: bool) -> None:
+    """Show every principal, its role and granted queues (never a token)."""
+    from postroom.store import open_store
+
+    with open_store(store_url) as store:
+        found = store.list_principals()
+    if as_json:
+        click.echo(json.dumps({"principals": [item.to_dict() for item in found]}, indent=2))
+        return
+    for item in found:
+        queues = f"  queues {','.join(item.queues)}" if item.queues else ""
+        click.echo(f"{item.name}  {item.role.value}{queues}"
+                   f"{'' if item.active else '  revoked'}")
+    if not found:
+        click.echo("no principals")
+
+
+@principal.command("revoke")
+@click.argument("name")
+@_STORE_OPTION
+def principal_revoke(name: str, store_url: str) -> None:
+    """Revoke NAME: its tokens stop working at once; the name is never reused."""
+    from postroom.store import open_store
+
+    with open_store(store_url) as store:
+        revoked = store.revoke_principal(name)
+    click.echo(json.dumps({"principal": name, "revoked": True, "already": not revoked}))
+
+
+@principal.command("rotate")
+@click.argument("name")
+@_STORE_OPTION
+@click.option("--overlap", type=float, default=0.0, show_default=True, metavar="SECONDS",
+              help="How long the old token keeps working (0: it stops at once).")
+def principal_rotate(name: str, store_url: str, overlap: float) -> None:
+    """Make a new token for NAME, printed once; the old one stops after --overlap."""
+    from postroom.store import open_store
+
+    with open_store(store_url) as store:
+        issued = store.rotate_token(name, overlap=overlap)
+    _show_token(issued, "rotated")
+
+
+@main.command()
+@click.argument("url")
+@click.option("--host", default="127.0.0.1", show_default=True, help="The address to bind.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
+              help="The port to bind (0: any free one).")
+@click.option("--max-body", type=click.IntRange(1, 64 * 1024 * 1024), default=1024 * 1024,
+              show_default=True, metavar="BYTES", help="The largest request body accepted.")
+@click.option("--timeout", type=click.FloatRange(0.5, 3600), default=30.0, show_default=True,
+              metavar="SECONDS", help="Every request is answered within this.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), default="info",
+              show_default=True, help="What it logs to stderr.")
+def serve(  # noqa: PLR0917 - click passes every option as an argument
+        url: str, host: str, port: int, max_body: int, timeout: float,
+        log_level: str) -> None:
+    """Serve the HTTP API (and its OpenAPI document at /openapi.json) for the store at URL
+    until SIGTERM or Ctrl-C.
+
+    Callers authenticate with the tokens of `postroom principal add`.
+    """
+    from postroom.http.app import Limits
+    from postroom.http.app import serve as run
+    from postroom.store import open_store
+
+    limits = Limits(max_body=max_body, timeout=timeout, max_poll=min(20.0, timeout / 2))
+    with open_store(url) as store:
+        run(store, host=host, port=port, limits=limits, log_level=log_level)

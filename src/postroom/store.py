@@ -13,9 +13,11 @@ from dataclasses import replace
 from typing import Any
 
 from postroom import (
+    audit,
     endpoints,
     inbox,
     outbox,
+    principals,
     queues,
     retention,
     signing,
@@ -25,6 +27,7 @@ from postroom import (
     transports,
     waits,
 )
+from postroom.audit import Violation
 from postroom.clock import Clock
 from postroom.db.database import Database, Tx
 from postroom.db.wakeups import REPLIES_CHANNEL, Waiter
@@ -706,6 +709,48 @@ class Store:
     def _principal(self, principal: str) -> str:
         return check_text(principal, "principal", max_bytes=self._settings.limits.text_bytes)
 
+    # -- principals of the HTTP service ----------------------------------------------------
+
+    def add_principal(self, name: str, role: principals.Role | str, *,
+                      queues: Sequence[str] = ()) -> principals.Issued:
+        """Add a principal with ``role`` (a worker with the ``queues`` it is granted) and
+        make its first token: ``Issued.token`` is shown once, only its hash is kept.
+        ``Conflict`` if the name was ever taken."""
+        new = principals.check_new(self._settings, name, role, queues)
+        return self._db.write(principals.ADD, lambda tx: principals.add(tx, new))
+
+    def principal(self, name: str) -> principals.Principal:
+        """The principal ``name`` (revoked ones too); ``NotFound`` if there is none."""
+        self._principal(name)
+        return self._db.read(lambda tx: principals.get(tx, name))
+
+    def list_principals(self) -> list[principals.Principal]:
+        """Every principal, by name, revoked ones included."""
+        return self._db.read(principals.listed)
+
+    def revoke_principal(self, name: str) -> bool:
+        """Revoke ``name``: its tokens stop working at once, its name stays taken.
+        ``False`` if it was revoked already; ``NotFound`` if there is no such principal."""
+        self._principal(name)
+        return self._db.write(principals.CHANGE, lambda tx: principals.revoke(tx, name))
+
+    def rotate_token(self, name: str, *, overlap: float = 0.0) -> principals.Issued:
+        """Make a new token for ``name`` (shown once); its older ones stop working
+        ``overlap`` seconds from now (0: at once). ``NotFound`` for a missing or revoked
+        principal."""
+        self._principal(name)
+        seconds = principals.check_overlap(overlap)
+        return self._db.write(principals.CHANGE, lambda tx: principals.rotate(
+            tx, name, overlap=seconds))
+
+    def authenticate(self, token: str) -> principals.Principal:
+        """The active principal whose bearer token ``token`` is; ``Unauthorized`` otherwise
+        (the same message whatever failed). One indexed read, no write."""
+        def read(tx: Tx) -> principals.Principal:
+            return principals.authenticate(tx, token)
+
+        return self._db.read(read)
+
     # -- waiting for work -----------------------------------------------------------------------
 
     def waiter(self, queues: Sequence[str] | str = ("default",), *,
@@ -859,13 +904,14 @@ class Store:
         return self._db.read(lambda tx: status.list_tasks(tx, request))
 
     def list_waits(self, *, state: WaitState | str = WaitState.WAITING,
-                   due_before: float | None = None, limit: int = 100,
-                   cursor: str | None = None) -> Page[Wait]:
+                   due_before: float | None = None, responder: str | None = None,
+                   limit: int = 100, cursor: str | None = None) -> Page[Wait]:
         """A page of open (waiting) wait generations, earliest deadline first, those due
-        before ``due_before`` (exclusive) if given. Ended generations are not listed: read
-        one with ``wait``. Cursors as for ``list_tasks``."""
+        before ``due_before`` (exclusive) and addressed to ``responder`` if given. Ended
+        generations are not listed: read one with ``wait``. Cursors as for ``list_tasks``."""
         request = status.check_wait_listing(state=state, due_before=due_before, limit=limit,
-                                            cursor=cursor)
+                                            cursor=cursor, responder=responder,
+                                            text_bytes=self._settings.limits.text_bytes)
         return self._db.read(lambda tx: status.list_waits(tx, request))
 
     def list_dead_replies(self, *, limit: int = 100,
@@ -882,6 +928,11 @@ class Store:
         name = status.check_principal(self._settings, principal)
         checked = check_text(event_id, "event_id", max_bytes=self._settings.limits.text_bytes)
         return self._db.read(lambda tx: status.receipt(tx, name, checked))
+
+    def audit(self) -> list[Violation]:
+        """Check the invariants of SPEC §8 on this store's database, read-only (what
+        ``postroom audit`` reports): every violation found, none when all hold."""
+        return audit.audit_database(self._db)
 
     # -- housekeeping ---------------------------------------------------------------------------
 

@@ -18,6 +18,8 @@ PUBLIC = [
     "WaitOpening", "WaitState",
     # endpoints and webhooks
     "AddressRefused", "BadSignature", "Endpoint", "EndpointSecret", "Schedule",
+    # principals of the HTTP service
+    "Issued", "Principal", "Role",
 ]
 
 
