@@ -61,11 +61,12 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+from starlette.routing import Route
 
 from postroom import AttemptOutcome, Observation, ReplyState, Store, TaskState
 
 __all__ = ["BUCKETS", "CONTENT_TYPE", "MetricsApp", "StoreCollector", "SubmissionCounters",
-           "registry_for"]
+           "registry_for", "route"]
 
 _log = logging.getLogger("postroom.http.metrics")
 
@@ -262,3 +263,9 @@ class MetricsApp:
                                 (b"content-length", str(len(body)).encode("ascii"))]})
         await send({"type": "http.response.body",
                     "body": b"" if scope["method"] == "HEAD" else body})
+
+
+def route(store: Store, *, window: float = 900.0, limit: int = 10_000) -> Route:
+    """``/metrics`` as a Starlette route, to pass in ``create_app(..., extra_routes=...)``."""
+    registry, _ = registry_for(store, window=window, limit=limit)
+    return Route("/metrics", MetricsApp(registry), methods=["GET", "HEAD"], name="metrics")
