@@ -24,9 +24,14 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
 
 def _chromium() -> str | None:
     found = shutil.which("chromium")
-    if found is None and shutil.which("apt-get") is not None:
-        subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], check=False,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, timeout=900)
+    # A fresh machine may have no package lists yet: install, and if that fails, update first.
+    for steps in ([["apt-get", "install", "-y", "-q", "chromium"]],
+                  [["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "chromium"]]):
+        if found is not None or shutil.which("apt-get") is None:
+            break
+        for step in steps:
+            subprocess.run(step, check=False, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.STDOUT, timeout=900)
         found = shutil.which("chromium")
     return found
 

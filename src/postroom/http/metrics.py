@@ -231,11 +231,12 @@ class SubmissionCounters:
 
 
 def registry_for(store: Store, *, window: float = 900.0,
-                 limit: int = 10_000) -> tuple[CollectorRegistry, SubmissionCounters]:
-    """A registry holding ``store``'s collector and this process's submission counters."""
+                 limit: int = 10_000) -> CollectorRegistry:
+    """A registry holding ``store``'s collector (add ``SubmissionCounters(registry)`` where
+    a process answers submissions)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StoreCollector(store, window=window, limit=limit))
-    return registry, SubmissionCounters(registry)
+    return registry
 
 
 Scope = MutableMapping[str, Any]
@@ -265,7 +266,8 @@ class MetricsApp:
                     "body": b"" if scope["method"] == "HEAD" else body})
 
 
-def route(store: Store, *, window: float = 900.0, limit: int = 10_000) -> Route:
-    """``/metrics`` as a Starlette route, to pass in ``create_app(..., extra_routes=...)``."""
-    registry, _ = registry_for(store, window=window, limit=limit)
+def route(store: Store, *, registry: CollectorRegistry | None = None) -> Route:
+    """``/metrics`` as a Starlette route, to pass in ``create_app(..., extra_routes=...)``:
+    ``registry``'s metrics, by default a new one with ``store``'s collector."""
+    registry = registry if registry is not None else registry_for(store)
     return Route("/metrics", MetricsApp(registry), methods=["GET", "HEAD"], name="metrics")
