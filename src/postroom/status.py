@@ -213,8 +213,10 @@ def observe(tx: Tx, since: float, limit: int) -> Observation:
                        deliveries=Attempt.list_from(row["delivery_history"]))
               for row in rows[:limit]]
     before = tx.one("observe_pending_before", since=since)
-    oldest = {row["queue"]: max(0.0, tx.now - float(row["oldest"]))
-              for row in tx.all("observe_oldest_undelivered")}
+    oldest: dict[str, float] = {}
+    for row in tx.all("observe_oldest_undelivered"):  # one row per queue and part
+        age = max(0.0, tx.now - float(row["oldest"]))
+        oldest[row["queue"]] = max(age, oldest.get(row["queue"], 0.0))
     return Observation(
         status=store_status(tx), since=since, recent=recent, truncated=len(rows) > limit,
         pending_before=0 if before is None else int(before["n"]),

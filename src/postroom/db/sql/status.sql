@@ -109,12 +109,14 @@ LIMIT :limit
 SELECT count(*) AS n FROM tasks WHERE state = 'pending' AND created_at < :since
 
 -- name: observe_oldest_undelivered
--- Per queue, when its oldest undelivered (pending, parked or sending) reply was written: the
--- live replies only, each state through its partial index.
-SELECT queue, min(created_at) AS oldest FROM (
-    SELECT queue, created_at FROM replies WHERE state = 'pending'
-    UNION ALL
-    SELECT queue, created_at FROM replies WHERE state = 'sending'
-) AS undelivered
-WHERE queue IS NOT NULL
-GROUP BY queue
+-- Per queue and part, when its oldest undelivered reply was written (the caller takes the
+-- oldest of the parts): pending, parked and sending replies, each part through its partial
+-- index (as status_live_counts splits them), so only live rows are read.
+SELECT queue, min(created_at) AS oldest FROM replies
+WHERE state = 'pending' AND parked_at IS NULL AND queue IS NOT NULL GROUP BY queue
+UNION ALL
+SELECT queue, min(created_at) AS oldest FROM replies
+WHERE parked_at IS NOT NULL AND queue IS NOT NULL GROUP BY queue
+UNION ALL
+SELECT queue, min(created_at) AS oldest FROM replies
+WHERE state = 'sending' AND queue IS NOT NULL GROUP BY queue
