@@ -15,6 +15,7 @@ import pytest
 import postroom  # noqa: F401 - importing postroom registers every module's fault points
 from postroom import faults
 from tests.crash.endpoint_scenarios import ENDPOINT_CRASHES
+from tests.crash.principal_scenarios import PRINCIPAL_CRASHES
 from tests.crash.scenarios import CRASHES as TASK_CRASHES
 from tests.crash.scenarios import Call, Crash
 from tests.crash.wait_scenarios import WAIT_CRASHES
@@ -26,7 +27,8 @@ from tests.support import START
 CODE = 86
 
 POINTS = [p.name for p in faults.registered()]
-CRASHES: dict[str, Crash] = {**TASK_CRASHES, **WAIT_CRASHES, **ENDPOINT_CRASHES}
+CRASHES: dict[str, Crash] = {**TASK_CRASHES, **WAIT_CRASHES, **ENDPOINT_CRASHES,
+                             **PRINCIPAL_CRASHES}
 
 
 def crash_child(world: World, crash: Crash, point: str) -> None:

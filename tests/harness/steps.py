@@ -221,3 +221,19 @@ def _open_waits_on(ctx: Context, task_ids: list[str], flow: str,
         except postroom.NotFound:
             answers.append({"task_id": task_id, "result": "not_found"})
     return answers
+
+
+# -- principals of the HTTP service ---------------------------------------------------------------
+
+
+@step("add_principal")
+def _add_principal(ctx: Context, principal: str, role: str,
+                   queues: list[str] | None = None) -> str:
+    """Add a principal; its token (as the CLI shows it once)."""
+    return ctx.store.add_principal(principal, role, queues=queues or ()).token
+
+
+@step("rotate_token")
+def _rotate_token(ctx: Context, principal: str) -> str:
+    """A new token for a principal (the old one stops at once)."""
+    return ctx.store.rotate_token(principal).token

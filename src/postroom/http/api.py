@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from enum import Enum
 from typing import Any
 from urllib.parse import quote
 
 import postroom
 from postroom import (
+    AttemptOutcome,
     Claim,
     Envelope,
+    Fenced,
     FollowUp,
     InvalidInput,
     NotFound,
@@ -186,7 +188,7 @@ def _claim_of(call: Call) -> Claim:
     fence = call.body["fence"]
     if (task.state is not TaskState.RUNNING or task.owner != owner_of(call)
             or task.fence != fence or task.lease_until is None):
-        raise postroom.Fenced(task.task_id, f"not held by this worker at fence {fence}")
+        raise Fenced(task.task_id, f"not held by this worker at fence {fence}")
     return Claim(task_id=task.task_id, owner=task.owner, fence=task.fence,
                  attempt=task.attempts, max_attempts=task.max_attempts, payload=task.payload,
                  queue=task.queue, hops=task.hops, deadline=task.deadline,
@@ -339,30 +341,63 @@ def renew(call: Call) -> Answer:
                         "lease_until": renewed.lease_until})
 
 
+#: What each outcome's attempt ended as, and the task's state it answers.
+_ENDS = {
+    "finish": {AttemptOutcome.DONE: TaskState.DONE},
+    "fail": {AttemptOutcome.RETRY: TaskState.PENDING, AttemptOutcome.FAILED: TaskState.FAILED},
+    "release": {AttemptOutcome.RELEASED: TaskState.PENDING},
+}
+
+
+def _outcome(call: Call, kind: str, commit: Callable[[Claim], Answer]) -> Answer:
+    """Commit an outcome of the caller's claim; a retry of one that committed already (its
+    answer was lost) answers it again, ``replay: true``, instead of ``lease-lost``."""
+    try:
+        return commit(_claim_of(call))
+    except Fenced:
+        story = call.store.story(call.params["task_id"])
+        for attempt in story.attempts:
+            if (attempt.fence == call.body["fence"] and attempt.owner == owner_of(call)
+                    and attempt.outcome in _ENDS[kind]):
+                return Answer(body={"state": _ENDS[kind][attempt.outcome].value,
+                                    "replay": True})
+        raise
+
+
 def finish(call: Call) -> Answer:
     """Finish the caller's claim on a task with ``result``; its follow-ups and waits commit
-    with it."""
+    with it. A retry after a lost answer is answered ``replay: true``."""
     body = call.body
     follow_ups = [FollowUp(**item) for item in body.get("follow_ups", ())]
     waits = [OpenWait(**item) for item in body.get("waits", ())]
-    openings = call.store.finish(_claim_of(call), body.get("result"), follow_ups=follow_ups,
-                                 waits=waits)
-    return Answer(body={"state": TaskState.DONE.value,
-                        "waits": [plain(opening) for opening in openings]})
+
+    def commit(claim: Claim) -> Answer:
+        openings = call.store.finish(claim, body.get("result"), follow_ups=follow_ups,
+                                     waits=waits)
+        return Answer(body={"state": TaskState.DONE.value, "replay": False,
+                            "waits": [plain(opening) for opening in openings]})
+
+    return _outcome(call, "finish", commit)
 
 
 def fail(call: Call) -> Answer:
     """Report the caller's claim on a task failed: retried after a backoff while attempts
     remain and ``retryable`` (default), else failed for good."""
-    state = call.store.fail(_claim_of(call), call.body["reason"],
-                            retryable=call.body.get("retryable", True))
-    return Answer(body={"state": state.value})
+    def commit(claim: Claim) -> Answer:
+        state = call.store.fail(claim, call.body["reason"],
+                                retryable=call.body.get("retryable", True))
+        return Answer(body={"state": state.value, "replay": False})
+
+    return _outcome(call, "fail", commit)
 
 
 def release(call: Call) -> Answer:
     """Hand the caller's claim on a task back unfinished (no attempt is counted)."""
-    call.store.release(_claim_of(call), delay=call.body.get("delay", 0.0))
-    return Answer(body={"state": TaskState.PENDING.value})
+    def commit(claim: Claim) -> Answer:
+        call.store.release(claim, delay=call.body.get("delay", 0.0))
+        return Answer(body={"state": TaskState.PENDING.value, "replay": False})
+
+    return _outcome(call, "release", commit)
 
 
 # -- waits and signals ----------------------------------------------------------------------
@@ -399,8 +434,9 @@ def signal(call: Call) -> Answer:
     assert call.caller is not None
     generation = _generation(call.params["generation"])
     wait = _visible_wait(call, generation)
-    if not may_answer(call.principal, wait):
-        raise NOT_FOUND
+    if not may_answer(call.principal, wait):  # an operator, for a wait addressed to another
+        raise Problem(403, "forbidden", "Forbidden",
+                      "this wait adopts only the answer of the principal it is addressed to")
     receipt = call.store.signal(call.caller.auth, call.body["event_id"], wait.flow, wait.step,
                                 wait.generation, call.body.get("value"))
     return Answer(body=plain(receipt))
