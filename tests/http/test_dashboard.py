@@ -169,6 +169,21 @@ def test_a_write_without_the_session_s_csrf_token_changes_nothing(served, store)
     assert store.reply(served.dead).state is postroom.ReplyState.DEAD
 
 
+def test_a_form_posted_from_another_site_is_refused_even_with_the_token(served, store):
+    client = logged_in(served, "ops")
+    page = client.get(served.page("/queues")).text
+    answer = client.post(served.page("/queues/pause"), headers={
+        "origin": "https://elsewhere.example"}, data={"csrf": csrf(page), "queue": "mail",
+                                                    "reason": "forged"})
+    assert answer.status_code == 403 and store.paused_queues() == []
+
+
+def test_another_site_cannot_log_a_browser_in(served):
+    answer = httpx.post(served.page("/login"), headers={"origin": "https://elsewhere.example"},
+                        data={"token": served.tokens["ops"]})
+    assert answer.status_code == 403 and COOKIE not in answer.cookies
+
+
 def test_an_operator_requeues_a_dead_reply_with_a_reason(served, store):
     client = logged_in(served, "ops")
     page = client.get(served.page("/replies/dead")).text

@@ -11,7 +11,9 @@ request authenticates the cookie's token again, so a revoked or rotated-out toke
 sessions out at once, and any process serving the same store accepts the session (no
 server-side session state, no secret to share between processes). Every form that writes
 carries a CSRF token derived from the session's token (an HMAC a page of another origin can
-neither read nor compute), and a write whose token does not match is refused (403).
+neither read nor compute), and a write whose token does not match, or that a browser says
+comes from another site (``Origin``), is refused (403); so is a login posted from another
+site, which could otherwise log a browser in as someone else.
 
 Who sees what follows the API's rules (``postroom.principals``' ``may_*``): an operator sees
 and decides everything; an agent reads its own tasks; a human reads and answers the waits
@@ -30,7 +32,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
@@ -136,6 +138,16 @@ def _back(path: str, **query: str) -> Response:
                             status_code=303)
 
 
+def _cross_site(request: Request) -> bool:
+    """Whether a browser says the request comes from a page of another site (its ``Origin``
+    names another host than the one asked; a client that sends no ``Origin`` is no browser
+    posting a form across sites)."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return False
+    return urlsplit(origin).netloc != request.headers.get("host", "")
+
+
 async def _form(request: Request) -> dict[str, str]:
     """The urlencoded form posted (the app's guard has bounded its size already)."""
     fields = parse_qs((await request.body()).decode("utf-8", "replace"),
@@ -159,7 +171,8 @@ def _served(store: Store, handler: Handler, *, operator: bool) -> Callable[
             form: dict[str, str] = {}
             if request.method == "POST":
                 form = await _form(request)
-                if not hmac.compare_digest(form.get("csrf", ""), viewer.csrf):
+                if _cross_site(request) or not hmac.compare_digest(form.get("csrf", ""),
+                                                                    viewer.csrf):
                     raise _Refused(403, "the form is stale or was not sent by this dashboard: "
                                         "reload the page and try again")
             if operator and not viewer.operator:
@@ -202,6 +215,9 @@ def _next(target: str | None) -> str:
 
 def _login(store: Store, *, secure: bool) -> Callable[[Request], Awaitable[Response]]:
     async def login(request: Request) -> Response:
+        if _cross_site(request):  # another site must not log a browser in as someone else
+            return _render("login.html", None, 403, next=f"{PREFIX}/",
+                           error="log in from this dashboard's own page")
         form = await _form(request)
         token = form.get("token", "").strip()
         try:
