@@ -321,16 +321,16 @@ def claim(call: Call) -> Answer:
                           f"queue {queue!r} is not granted to this worker",
                           field=f"queues[{index}]")
     limit = body.get("limit", 1)
-    deadline = time.monotonic() + min(float(body.get("wait", 0)), call.limits.max_poll)
-    waiter = None
+    wait = min(float(body.get("wait", 0)), call.limits.max_poll)
+    deadline = time.monotonic() + wait
+    # Made before the first claim, so work announced while it runs wakes the first wait.
+    waiter = call.store.waiter(queues) if wait > 0 else None
     while True:
         claims = call.store.claim_batch(owner_of(call), limit, queues=queues,
                                         lease=body.get("lease"))
         left = deadline - time.monotonic()
-        if claims or left <= 0:
+        if claims or left <= 0 or waiter is None:
             return Answer(body={"claims": [_claim_json(item) for item in claims]})
-        if waiter is None:
-            waiter = call.store.waiter(queues)
         waiter.wait(min(left, 1.0))
 
 

@@ -242,11 +242,19 @@ def endpoint(route: Route, store: Store, limits: Limits) -> Callable[[Request], 
 
 
 async def _serve(route: Route, store: Store, limits: Limits, request: Request) -> Answer:
+    raw = await request.body() if route.body is not None else b""
+    header = request.headers.get("authorization")
+    # One trip to a worker thread for the whole call: authenticating reads the database too.
+    return await anyio.to_thread.run_sync(_call, route, store, limits, request, header, raw,
+                                          abandon_on_cancel=True)
+
+
+def _call(  # noqa: PLR0917 - one worker-thread call carries the whole request
+        route: Route, store: Store, limits: Limits, request: Request, header: str | None,
+        raw: bytes) -> Answer:
     caller = None
     if route.roles is not None:
-        header = request.headers.get("authorization")
-        caller = await anyio.to_thread.run_sync(authenticate, store, header,
-                                                abandon_on_cancel=True)
+        caller = authenticate(store, header)
         if caller.principal.role not in route.roles:
             raise Problem(403, "forbidden", "Forbidden",
                           f"the {caller.principal.role.value} role may not call {route.name}")
@@ -255,13 +263,12 @@ async def _serve(route: Route, store: Store, limits: Limits, request: Request) -
              if request.query_params.get(name) is not None}
     body = None
     if route.body is not None:
-        raw = await request.body()
         body = _json(raw) if raw else {}
         schemas.check(body, route.body, "")
     call = Call(store=store, caller=caller, params=dict(request.path_params), query=query,
                 body=body, limits=limits)
     try:
-        return await anyio.to_thread.run_sync(route.handler, call, abandon_on_cancel=True)
+        return route.handler(call)
     except (Problem, PostroomError):
         raise
     except Exception as exc:  # a bug: logged, answered 500 without its text
