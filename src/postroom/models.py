@@ -26,6 +26,7 @@ __all__ = [
     "Finished",
     "FollowUp",
     "Missed",
+    "Observation",
     "OpenResult",
     "OpenWait",
     "Outcome",
@@ -54,6 +55,7 @@ __all__ = [
     "Task",
     "TaskState",
     "TaskStory",
+    "Timeline",
     "Wait",
     "WaitOpening",
     "WaitState",
@@ -980,3 +982,35 @@ class StoreStatus:
     open_waits: int
     dead_replies: int
     continuations_unconsumed: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Timeline:
+    """One task's times as its row keeps them: when it was created (and first claimable),
+    each run attempt, and each delivery attempt of its reply (empty while it has none)."""
+
+    task: Task
+    attempts: list[Attempt]
+    deliveries: list[Attempt]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Observation:
+    """What metrics and charts are drawn from, read in one snapshot at ``status.at``.
+
+    ``status`` is ``Store.status()``. ``recent`` are the tasks created in the window
+    ``[since, status.at]``, newest first, at most the limit asked for (``truncated`` says the
+    limit cut the window short: the oldest were left out). ``pending_before`` counts the
+    tasks created before ``since`` that are still pending (they were queued through the
+    whole window). ``oldest_pending_reply_age`` is, per queue, how long its oldest
+    undelivered (pending or sending) reply has waited, in seconds. ``waits`` counts wait
+    generations by state as the store still holds them (pruning forgets ended ones).
+    """
+
+    status: StoreStatus
+    since: float
+    recent: list[Timeline]
+    truncated: bool
+    pending_before: int
+    oldest_pending_reply_age: dict[str, float]
+    waits: dict[WaitState, int]

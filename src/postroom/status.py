@@ -33,6 +33,7 @@ from postroom.inbox import principal_of
 from postroom.models import (
     Attempt,
     AuthContext,
+    Observation,
     Page,
     QueueStatus,
     Reply,
@@ -43,6 +44,7 @@ from postroom.models import (
     Task,
     TaskState,
     TaskStory,
+    Timeline,
     Wait,
     WaitState,
 )
@@ -62,6 +64,7 @@ __all__ = [
     "list_dead_replies",
     "list_tasks",
     "list_waits",
+    "observe",
     "receipt",
     "reply",
     "requeues",
@@ -200,6 +203,25 @@ def _queue_status(tx: Tx, queue: str, counts: Mapping[tuple[str, str], int],
                   for state in TaskState if state.terminal},
         deliveries=deliveries, awaiting_endpoint=parked, paused=paused,
         oldest_pending_age=None if head is None else tx.now - float(head["available_at"]))
+
+
+def observe(tx: Tx, since: float, limit: int) -> Observation:
+    """The status, and the tasks created since ``since`` (at most ``limit``) with their
+    attempts and deliveries, in one snapshot: see ``Observation``."""
+    rows = tx.all("observe_recent_tasks", since=since, limit=limit + 1)
+    recent = [Timeline(task=Task.from_row(row), attempts=Attempt.list_from(row["history"]),
+                       deliveries=Attempt.list_from(row["delivery_history"]))
+              for row in rows[:limit]]
+    before = tx.one("observe_pending_before", since=since)
+    oldest: dict[str, float] = {}
+    for row in tx.all("observe_oldest_undelivered"):  # one row per queue and part
+        age = max(0.0, tx.now - float(row["oldest"]))
+        oldest[row["queue"]] = max(age, oldest.get(row["queue"], 0.0))
+    return Observation(
+        status=store_status(tx), since=since, recent=recent, truncated=len(rows) > limit,
+        pending_before=0 if before is None else int(before["n"]),
+        oldest_pending_reply_age=oldest,
+        waits={WaitState(state): n for state, n in _counts(tx, "wait_counts").items()})
 
 
 # -- listings -----------------------------------------------------------------------------------

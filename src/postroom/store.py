@@ -52,6 +52,7 @@ from postroom.models import (
     Failed,
     Finished,
     FollowUp,
+    Observation,
     OpenWait,
     Outcome,
     Page,
@@ -951,6 +952,17 @@ class Store:
         number of queues, never the history.
         """
         return self._db.read(status.store_status)
+
+    def observe(self, *, window: float = 900.0, limit: int = 10_000) -> Observation:
+        """The status and the recent history in one snapshot, for metrics and charts: the
+        tasks created in the last ``window`` seconds (at most ``limit``, newest first) with
+        their run and delivery attempts, the backlog older than the window, the age of each
+        queue's oldest undelivered reply and the waits by state (see ``Observation``)."""
+        seconds = check_number(window, "window")
+        if seconds <= 0:
+            raise InvalidInput("window", f"must be positive, got {seconds}")
+        check_int(limit, "limit", low=1, high=100_000)
+        return self._db.read(lambda tx: status.observe(tx, tx.now - seconds, limit))
 
     def list_tasks(self, *, state: TaskState | str | None = None, queue: str | None = None,
                    principal: str | None = None, created_after: float | None = None,

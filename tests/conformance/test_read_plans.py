@@ -104,6 +104,15 @@ READS = {
                                           "after_deadline": START + 101, "after_flow": "f",
                                           "after_step": "s-7", "after_generation": 1,
                                           "limit": 101}, "waits_due"),
+    # The last second's tasks (500 of them), newest first, each with its reply.
+    "observe_recent_tasks": Read("observe_recent_tasks",
+                                 lambda store: {"since": store.clock.now() - 1,
+                                                "limit": 10_001}, "tasks_by_created"),
+    "observe_pending_before": Read("observe_pending_before", {"since": START + 3},
+                                   "tasks_pending_by_created"),
+    # Grouping the undelivered replies by queue may sort them: they are live rows only.
+    "observe_oldest_undelivered": Read("observe_oldest_undelivered", {}, "replies_ready",
+                                       frozenset(LIVE_REPLIES), sorts=True),
     "replies_dead_page": Read("replies_dead_page", {"after_updated": -math.inf,
                                                     "after_reply": "", "limit": 101},
                               "replies_dead"),

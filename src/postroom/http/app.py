@@ -153,7 +153,10 @@ def create_app(store: Store, *, limits: Limits | None = None,
 
 def build_app(store: Store, *, limits: Limits | None = None) -> Starlette:
     """The app ``postroom serve`` runs: the API, plus whatever else the service mounts."""
-    return create_app(store, limits=limits)
+    from postroom.http import dashboard, metrics
+
+    return create_app(store, limits=limits, extra_routes=[
+        *dashboard.routes(store), metrics.route(store)])
 
 
 def serve(store: Store, *, host: str = "127.0.0.1", port: int = 8000,

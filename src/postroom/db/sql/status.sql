@@ -93,3 +93,30 @@ SELECT * FROM replies
 WHERE state = 'dead' AND (updated_at, reply_id) > (:after_updated, :after_reply)
 ORDER BY updated_at, reply_id
 LIMIT :limit
+
+-- name: observe_recent_tasks
+-- The tasks created since :since, newest first, with their replies' delivery history (NULL
+-- while a task has no reply): walks tasks_by_created from its right edge, then one reply per
+-- task by its unique task_id.
+SELECT tasks.*, replies.history AS delivery_history
+FROM tasks LEFT JOIN replies ON replies.task_id = tasks.task_id
+WHERE tasks.created_at >= :since
+ORDER BY tasks.created_at DESC, tasks.task_id DESC
+LIMIT :limit
+
+-- name: observe_pending_before
+-- Tasks created before :since that are still pending: walks the pending backlog's index.
+SELECT count(*) AS n FROM tasks WHERE state = 'pending' AND created_at < :since
+
+-- name: observe_oldest_undelivered
+-- Per queue and part, when its oldest undelivered reply was written (the caller takes the
+-- oldest of the parts): pending, parked and sending replies, each part through its partial
+-- index (as status_live_counts splits them), so only live rows are read.
+SELECT queue, min(created_at) AS oldest FROM replies
+WHERE state = 'pending' AND parked_at IS NULL AND queue IS NOT NULL GROUP BY queue
+UNION ALL
+SELECT queue, min(created_at) AS oldest FROM replies
+WHERE parked_at IS NOT NULL AND queue IS NOT NULL GROUP BY queue
+UNION ALL
+SELECT queue, min(created_at) AS oldest FROM replies
+WHERE state = 'sending' AND queue IS NOT NULL GROUP BY queue
