@@ -14,6 +14,8 @@ __all__ = [
     "Attempt",
     "AttemptOutcome",
     "AuthContext",
+    "Budget",
+    "Chain",
     "Claim",
     "Continuation",
     "ContinuationKind",
@@ -67,7 +69,8 @@ class TaskState(StrEnum):
     FAILED = "failed"  # attempts exhausted or a non-retryable failure
     CANCELLED = "cancelled"  # cancelled while pending or running
     EXPIRED = "expired"  # the absolute deadline passed before it finished
-    HOP_LIMIT = "hop_limit"  # arrived with hops >= the store's max_hops
+    HOP_LIMIT = "hop_limit"  # arrived with hops >= its chain's max_hops
+    BUDGET_EXHAUSTED = "budget_exhausted"  # its chain had spent its task or cost budget
 
     @property
     def terminal(self) -> bool:
@@ -96,6 +99,25 @@ class AuthContext:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Budget:
+    """What a chain's root asks its chain to stay within: at most ``hops`` hops from the
+    root, ``tasks`` tasks admitted to run, ``cost`` units charged by its handlers.
+
+    Each may only lower the store's setting (``max_hops``, ``max_chain_tasks``,
+    ``max_chain_cost``); a larger one leaves the store's, and ``None`` takes it.
+    """
+
+    hops: int | None = None
+    tasks: int | None = None
+    cost: int | None = None
+
+    def to_dict(self) -> dict[str, int]:
+        """The budgets given, by name (those left ``None`` are not in it)."""
+        return {name: value for name, value in (("cost", self.cost), ("hops", self.hops),
+                                                ("tasks", self.tasks)) if value is not None}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Envelope:
     """A message asking for work. Validated by the store before anything is written."""
 
@@ -115,10 +137,15 @@ class Envelope:
     #: -10..10, higher first: a level is worth ``Settings.priority_weight`` seconds of
     #: waiting, so a lower priority is never starved (see ``Settings.priority_weight``).
     priority: int = 0
+    #: The chain's budgets, lowered for the chain this envelope starts (a root only: one
+    #: naming ``parent_task_id`` is in its parent's chain and refused with a budget).
+    budget: Budget | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The envelope's fields as a plain dict."""
         return {
+            "budget": None if self.budget is None else (
+                self.budget.to_dict() if isinstance(self.budget, Budget) else self.budget),
             "message_id": self.message_id,
             "sender": self.sender,
             "payload": self.payload,
@@ -224,6 +251,8 @@ class Finished:
     result: Any = None
     follow_ups: Sequence[FollowUp] = ()
     waits: Sequence[OpenWait] = ()
+    #: Cost units charged to the task's chain, committed with the finish.
+    charge: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -293,6 +322,7 @@ class Task:
     not_before: float | None = None  # not claimable before this time (``None``: at once)
     priority: int = 0  # -10..10, higher first (see ``Settings.priority_weight``)
     retry_of: str | None = None  # the task an operator's re-run repeats
+    root_task_id: str | None = None  # the root of its chain (itself for a root)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Task:
@@ -322,7 +352,31 @@ class Task:
             not_before=None if row["not_before"] is None else float(row["not_before"]),
             priority=int(row["priority"]),
             retry_of=row["retry_of"],
+            root_task_id=row["root_task_id"],
         )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Chain:
+    """A task chain as stored: its root, budgets and what it has spent."""
+
+    root_task_id: str
+    principal: str  # the principal that sent the root
+    max_hops: int
+    max_tasks: int
+    max_cost: int | None  # ``None``: no cost budget
+    tasks: int  # tasks admitted to run, the root included
+    cost: int  # units its handlers charged
+    created_at: float
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Chain:
+        """Build from a ``chains`` row."""
+        return cls(root_task_id=row["root_task_id"], principal=row["principal"],
+                   max_hops=int(row["max_hops"]), max_tasks=int(row["max_tasks"]),
+                   max_cost=None if row["max_cost"] is None else int(row["max_cost"]),
+                   tasks=int(row["tasks"]), cost=int(row["cost"]),
+                   created_at=float(row["created_at"]))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

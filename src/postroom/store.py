@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from postroom import (
+    chains,
     endpoints,
     inbox,
     outbox,
@@ -39,6 +40,7 @@ from postroom.errors import (
 from postroom.models import (
     Ack,
     AuthContext,
+    Chain,
     Claim,
     Continuation,
     DispatchReport,
@@ -74,6 +76,7 @@ from postroom.models import (
 from postroom.settings import Settings, check_lease, check_retention
 from postroom.transports import Transport
 from postroom.validation import (
+    MAX_CHAIN_BUDGET,
     MAX_DELAY,
     REPLY_ID_BYTES,
     TASK_ID_BYTES,
@@ -217,23 +220,27 @@ class Store:
         return self._db.write(tasks.RENEW, lambda tx: tasks.renew(tx, claim, lease=seconds))
 
     def finish(self, claim: Claim, result: Any = None, *, follow_ups: Sequence[FollowUp] = (),
-               waits: Sequence[OpenWait] = ()) -> list[WaitOpening]:
+               waits: Sequence[OpenWait] = (), charge: int = 0) -> list[WaitOpening]:
         """Mark the task done with ``result``; its reply, its follow-ups and its waits commit
         with it, in one transaction.
 
         A task that asks the outside world finishes by opening its wait (``OpenWait``, whose
         ``task_id`` is this task): the answer later resumes the flow with a follow-up of this
-        task. Returns the openings, in order. Raises ``Fenced`` if the claim is no longer
-        current and ``WaitNotOpened`` if a wait cannot open; either way nothing is written.
+        task. ``charge`` cost units are charged to the task's chain first, so its follow-ups
+        see what the chain has left: those past a budget are stored ``budget_exhausted`` (or
+        ``hop_limit``) with their replies, and never run. Returns the openings, in order.
+        Raises ``Fenced`` if the claim is no longer current and ``WaitNotOpened`` if a wait
+        cannot open; either way nothing is written.
         """
         check_claim(claim)
         result_json = check_json(result, "result", limits=self._settings.limits,
                                  require_object=False)
         children = self._follow_ups(claim, follow_ups)
         opens = self._waits(claim, waits)
+        units = _charge(charge)
         return self._db.write(tasks.FINISH, lambda tx: tasks.finish(
             tx, self._settings, claim, result_json=result_json, follow_ups=children,
-            opens=opens))
+            opens=opens, charge=units))
 
     def finish_batch(self, items: Iterable[tuple[Claim, Any]]) -> None:
         """Finish several claims in one transaction; if any is fenced, none is finished."""
@@ -333,7 +340,8 @@ class Store:
                 decide=lambda now: transitions.finish(result_json=result_json, now=now),
                 follow_ups=self._follow_ups(claim, check_batch(outcome.follow_ups,
                                                                "follow_ups")),
-                opens=self._waits(claim, check_batch(outcome.waits, "waits")))
+                opens=self._waits(claim, check_batch(outcome.waits, "waits")),
+                charge=_charge(outcome.charge))
         if isinstance(outcome, Failed):
             claim = check_claim(outcome.claim)
             reason = check_text(outcome.reason, "reason", max_bytes=4096)
@@ -502,6 +510,17 @@ class Store:
         no such task."""
         check_text(task_id, "task_id", max_bytes=TASK_ID_BYTES)
         return self._db.read(lambda tx: status.story(tx, task_id))
+
+    def chain(self, task_id: str) -> Chain:
+        """The chain ``task_id`` belongs to (its root, budgets and what it spent);
+        ``NotFound`` if there is no such task."""
+        check_text(task_id, "task_id", max_bytes=TASK_ID_BYTES)
+
+        def read(tx: Tx) -> Chain:
+            task = status.task(tx, task_id)
+            return chains.get(tx, task.root_task_id or task.task_id)
+
+        return self._db.read(read)
 
     def reply(self, task_id: str) -> Reply | None:
         """The reply of task ``task_id``, or ``None`` while the task is not terminal."""
@@ -1027,6 +1046,10 @@ def _batch(envelopes: Iterable[Envelope], positions: Iterable[Position | None] |
     if len(places) != len(items):
         raise InvalidInput("positions", f"{len(places)} positions for {len(items)} envelopes")
     return items, places
+
+
+def _charge(units: object) -> int:
+    return check_int(units, "charge", low=0, high=MAX_CHAIN_BUDGET)
 
 
 def _delay(delay: object) -> float:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from postroom import log, outbox, transitions, waits
+from postroom import chains, log, outbox, transitions, waits
 from postroom.db.database import NotAllApplied, Tx, Write
 from postroom.db.dialect import Row
 from postroom.errors import Conflict, Fenced, NotFound, PostroomError, WaitNotOpened
@@ -300,12 +300,23 @@ def renew(tx: Tx, claim: Claim, *, lease: float) -> Claim:
 
 def finish(tx: Tx, settings: Settings, claim: Claim, *, result_json: str,
            follow_ups: Sequence[CheckedEnvelope] = (),
-           opens: Sequence[waits.OpenRequest] = ()) -> list[WaitOpening]:
-    """Mark the task done, write its reply, create its follow-ups and open its waits,
-    atomically; ``WaitNotOpened`` (and nothing written) if one of the waits cannot open."""
+           opens: Sequence[waits.OpenRequest] = (), charge: int = 0) -> list[WaitOpening]:
+    """Mark the task done, write its reply, charge its chain ``charge`` cost units, create
+    its follow-ups (within what the chain has left) and open its waits, atomically;
+    ``WaitNotOpened`` (and nothing written) if one of the waits cannot open."""
     decision = transitions.finish(result_json=result_json, now=tx.now)
     _apply_owned(tx, settings, claim, decision)
     _log_owned(tx, "task finished", claim, decision)
+    return _with_finish(tx, settings, claim, follow_ups=follow_ups, opens=opens,
+                        charge=charge)
+
+
+def _with_finish(tx: Tx, settings: Settings, claim: Claim, *,
+                 follow_ups: Sequence[CheckedEnvelope], opens: Sequence[waits.OpenRequest],
+                 charge: int) -> list[WaitOpening]:
+    """What commits with a finish, after its task moved: the charge first, so that its
+    follow-ups see what the chain has left."""
+    chains.charge(tx, claim.task_id, charge)
     for follow_up in follow_ups:
         store_message(tx, settings, follow_up)
     openings = []
@@ -396,6 +407,7 @@ class Settling:
     follow_ups: Sequence[CheckedEnvelope] = ()
     opens: Sequence[waits.OpenRequest] = ()
     message: str = "task settled"
+    charge: int = 0  # cost units charged to the task's chain
 
 
 def settle(tx: Tx, settings: Settings, items: Sequence[Settling]) -> list[Settled]:
@@ -410,7 +422,7 @@ def settle(tx: Tx, settings: Settings, items: Sequence[Settling]) -> list[Settle
     now = tx.now
     settled: dict[int, Settled] = {}
     plain = [(index, item, item.decide(now)) for index, item in enumerate(items)
-             if not item.follow_ups and not item.opens]
+             if not item.follow_ups and not item.opens and not item.charge]
     rows = tx.one_each("task_apply_owned", [_owned(item.claim, decision, now, settings)
                                             for _, item, decision in plain])
     moved: list[tuple[Row, TaskDecision]] = []
@@ -432,14 +444,8 @@ def settle(tx: Tx, settings: Settings, items: Sequence[Settling]) -> list[Settle
         try:
             with tx.savepoint():
                 _apply_owned(tx, settings, item.claim, decision)
-                for follow_up in item.follow_ups:
-                    store_message(tx, settings, follow_up)
-                openings = []
-                for request in item.opens:
-                    opening = waits.open_wait(tx, request)
-                    if opening.result is not OpenResult.OPENED:
-                        raise WaitNotOpened(opening)
-                    openings.append(opening)
+                openings = _with_finish(tx, settings, item.claim, follow_ups=item.follow_ups,
+                                        opens=item.opens, charge=item.charge)
         except PostroomError as exc:
             settled[index] = Settled(task_id=item.claim.task_id, error=exc)
             continue

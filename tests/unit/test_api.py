@@ -3,7 +3,8 @@
 import postroom
 
 PUBLIC = [
-    "__version__", "Ack", "Attempt", "AttemptOutcome", "AuthContext", "BatchFailed", "Claim",
+    "__version__", "Ack", "Attempt", "AttemptOutcome", "AuthContext", "BatchFailed", "Budget",
+    "Chain", "Claim",
     "Clock", "Conflict", "Continuation", "ContinuationKind", "DeliveryError", "DispatchReport",
     "Envelope", "ExpireResult", "ExponentialBackoff", "Failed", "Fenced", "Finished",
     "FixedBackoff", "FollowUp", "InProcessTransport", "InvalidEnvelope", "InvalidInput", "Limits",

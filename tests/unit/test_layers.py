@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
               "settings", "log", "signing")),
     ("DB", ("db",)),
     ("Rules", ("inbox", "tasks", "outbox", "waits", "receiver", "retention", "status", "queues",
-               "audit", "transports", "endpoints")),
+               "audit", "transports", "endpoints", "chains", "approvals")),
     ("Facade", ("store", "__init__")),
     ("Runtime", ("runtime",)),
     ("Service", ("http",)),

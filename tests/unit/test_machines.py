@@ -99,9 +99,10 @@ ATTEMPTS = [(attempt, limit) for attempt, limit in product((1, 2, 3), (1, 2, 3))
 
 def task_moves() -> list[Made]:
     running = {TaskState(state) for state in guards("task_apply_owned")}  # the owner's calls
-    received = {t.initial_state(deadline=deadline, hops=hops, max_hops=4,
-                                now=NOW).to_state
-                for deadline, hops in product((NOW - 1, NOW, NOW + 1), (0, 3, 4, 5))}
+    received = {t.initial_state(deadline=deadline, hops=hops, max_hops=4, now=NOW,
+                                budget_spent=spent).to_state
+                for deadline, hops, spent in product((NOW - 1, NOW, NOW + 1), (0, 3, 4, 5),
+                                                     (None, "the task budget"))}
     failed = {t.fail(attempt=attempt, max_attempts=limit, retryable=retryable,
                      reason="r", now=NOW, delay=1.0).to_state
               for (attempt, limit), retryable in product(ATTEMPTS, (True, False))}
@@ -110,7 +111,8 @@ def task_moves() -> list[Made]:
     cancelled = {(state, decision.to_state) for state in TaskState
                  if (decision := t.cancel(state=state, reason="r", now=NOW))}
     return [
-        made("initial_state", ("received", "received past deadline", "received at hop limit"),
+        made("initial_state", ("received", "received past deadline", "received at hop limit",
+                               "received past its chain's budget"),
              {(None, target) for target in received}),
         statement("claim_tasks", ("claim",), TaskState),
         made("finish", ("finish",),
@@ -266,7 +268,7 @@ def test_the_ends_of_replies_and_waits():
     assert machines.REPLY_MACHINE.terminal() == (ReplyState.SENT,)
     assert machines.WAIT_MACHINE.terminal() == (WaitState.SIGNALED, WaitState.TIMED_OUT)
     assert machines.TASK_MACHINE.initial() == (TaskState.PENDING, TaskState.EXPIRED,
-                                               TaskState.HOP_LIMIT)
+                                               TaskState.HOP_LIMIT, TaskState.BUDGET_EXHAUSTED)
     assert machines.REPLY_MACHINE.initial() == (ReplyState.PENDING,)
     assert machines.WAIT_MACHINE.initial() == (WaitState.WAITING,)
 

@@ -173,6 +173,7 @@ class Context:
         self._cancellation = cancellation if cancellation is not None else threading.Event()
         self._follow_ups: list[FollowUp] = []
         self._waits: list[OpenWait] = []
+        self._charged = 0
 
     @property
     def claim(self) -> Claim:
@@ -267,6 +268,19 @@ class Context:
         self._waits.append(OpenWait(flow=flow, step=step, deadline=deadline,
                                     expected_generation=expected_generation,
                                     request_id=request_id, responder=responder))
+
+    def charge(self, units: int) -> None:
+        """Charge ``units`` of cost to the task's chain when this task finishes, in the same
+        transaction (charges add up). Its follow-ups, and the chain's later work, are
+        refused as ``budget_exhausted`` once the chain's cost budget is spent."""
+        if type(units) is not int or units < 0:
+            raise InvalidInput("units", f"must be an int >= 0, got {units!r}")
+        self._charged += units
+
+    @property
+    def charged(self) -> int:
+        """The cost units charged so far."""
+        return self._charged
 
     @property
     def follow_ups(self) -> tuple[FollowUp, ...]:

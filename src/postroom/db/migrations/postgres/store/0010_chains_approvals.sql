@@ -1,0 +1,49 @@
+-- postroom store, version 10: chains and their budgets (SPEC §7). Every task records the
+-- root of its chain; a chain's row holds its budgets (the store's settings, lowered by the
+-- root's envelope) and what it has spent, and is locked by every transaction that adds work
+-- to it. A chain's new work past a budget is stored as budget_exhausted.
+
+ALTER TABLE tasks DROP CONSTRAINT tasks_state_check;
+ALTER TABLE tasks ADD CONSTRAINT tasks_state_check
+    CHECK (state IN ('pending', 'running', 'done', 'failed', 'cancelled', 'expired',
+                     'hop_limit', 'budget_exhausted'));
+
+-- The chain's root (the task itself for a root). Roots of tasks stored before this version
+-- come from their chain; one whose parent is already pruned is the root of what is left.
+ALTER TABLE tasks ADD COLUMN root_task_id TEXT;
+WITH RECURSIVE chain (task_id, root_task_id) AS (
+    SELECT task_id, task_id FROM tasks
+    WHERE parent_task_id IS NULL
+       OR NOT EXISTS (SELECT 1 FROM tasks parent WHERE parent.task_id = tasks.parent_task_id)
+    UNION ALL
+    SELECT tasks.task_id, chain.root_task_id FROM tasks
+    JOIN chain ON tasks.parent_task_id = chain.task_id
+)
+UPDATE tasks SET root_task_id = chain.root_task_id FROM chain
+WHERE chain.task_id = tasks.task_id;
+UPDATE tasks SET root_task_id = task_id WHERE root_task_id IS NULL;
+-- Cancelling a root, fan-in and the audit read a chain's tasks.
+CREATE INDEX tasks_by_root ON tasks (root_task_id);
+
+-- One row per chain: its budgets and what it spent. `tasks` counts the tasks admitted to run
+-- (the root included); work refused by a budget is stored terminal and not counted.
+CREATE TABLE chains (
+    root_task_id  TEXT PRIMARY KEY,
+    principal     TEXT NOT NULL,
+    max_hops      BIGINT NOT NULL CHECK (max_hops >= 1),
+    max_tasks     BIGINT NOT NULL CHECK (max_tasks >= 1),
+    max_cost      BIGINT CHECK (max_cost >= 0),
+    tasks         BIGINT NOT NULL CHECK (tasks >= 0),
+    cost          BIGINT NOT NULL DEFAULT 0 CHECK (cost >= 0),
+    created_at    DOUBLE PRECISION NOT NULL
+);
+-- Chains of the tasks already stored: the store's default budgets (4 hops, 1000 tasks, no
+-- cost budget), none of them refusing what is already there.
+INSERT INTO chains (root_task_id, principal, max_hops, max_tasks, max_cost, tasks, created_at)
+SELECT roots.task_id, roots.principal, 4,
+       greatest(1000, (SELECT count(*) FROM tasks member
+                       WHERE member.root_task_id = roots.task_id)),
+       NULL,
+       (SELECT count(*) FROM tasks member WHERE member.root_task_id = roots.task_id),
+       roots.created_at
+FROM tasks roots WHERE roots.root_task_id = roots.task_id;

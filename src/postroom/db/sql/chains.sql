@@ -1,0 +1,33 @@
+-- Chains (SPEC §7): a root and everything spawned from it, with the budgets it runs within.
+-- The spawning transaction locks its chain's row, so concurrent spawns into one chain are
+-- counted one after another; other chains are never waited for.
+
+-- name: chain_insert
+-- Open the chain a root starts, with its budgets and whether the root itself runs.
+INSERT INTO chains (root_task_id, principal, max_hops, max_tasks, max_cost, tasks, cost,
+                    created_at)
+VALUES (:root_task_id, :principal, :max_hops, :max_tasks, :max_cost, :tasks, 0, :now)
+ON CONFLICT (root_task_id) DO NOTHING
+
+-- name: chain_get
+-- One chain as stored.
+SELECT * FROM chains WHERE root_task_id = :root_task_id
+
+-- name: chain_get_locked
+-- One chain, locked until the transaction ends: the transaction adding work to it decides on
+-- what it has spent, and no other can spend it meanwhile.
+SELECT * FROM chains WHERE root_task_id = :root_task_id {for_update}
+
+-- name: chain_admit
+-- Count a task admitted to run in its chain.
+UPDATE chains SET tasks = tasks + 1 WHERE root_task_id = :root_task_id
+
+-- name: chain_charge
+-- Charge cost units to the chain of a task (a handler's ctx.charge, with its finish).
+UPDATE chains SET cost = cost + :units
+WHERE root_task_id = (SELECT root_task_id FROM tasks WHERE task_id = :task_id)
+
+-- name: task_parent
+-- What a new task takes from the parent it names: its principal, hops and chain; kept from
+-- a concurrent prune until the transaction ends.
+SELECT task_id, principal, hops, root_task_id FROM tasks WHERE task_id = :task_id {for_share}
