@@ -39,6 +39,7 @@ CHECKS: dict[str, tuple[str, ...]] = {
         "receipt_inconsistent_with_wait", "timed_out_before_deadline",
         "ended_wait_without_continuation", "continuation_value_mismatch",
         "continuation_effect_mismatch", "effect_task_mismatch", "wait_decided_after_high_water",
+        "chain_over_budget", "task_without_chain",
     ),
     "receiver": (
         "effect_without_receipt", "duplicate_effects", "receipt_without_effect",

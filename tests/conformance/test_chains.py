@@ -10,8 +10,10 @@ import pytest
 
 import postroom
 from postroom import Budget, FollowUp, TaskState
+from postroom.audit import audit_url
+from postroom.db.database import Write
 from postroom.validation import follow_up_principal, task_id_for
-from tests.support import SETTINGS, envelope, stored
+from tests.support import SETTINGS, database_of, envelope, stored
 
 MALLORY = postroom.AuthContext(principal="mallory")
 
@@ -168,3 +170,20 @@ def test_an_atomic_batch_links_an_item_to_an_earlier_one(store, auth):
     acks = store.receive_atomic(auth, [envelope("m-2"), envelope("m-3", parent_task_id=root)])
     assert store.task(acks[1].task_id).root_task_id == root
     assert store.task(acks[0].task_id).root_task_id == acks[0].task_id
+
+
+def test_the_audit_finds_a_chain_past_its_task_budget(store, auth, db_url):
+    root = store.receive(auth, envelope(budget=Budget(tasks=2))).task_id
+    _spawn(store, store.claim("w"), "a")
+    assert audit_url(db_url) == []
+    database_of(store).write(Write("corrupt"), lambda tx: tx.execute(
+        "UPDATE chains SET tasks = 1 WHERE root_task_id = :root", {"root": root}))
+    assert [violation.check for violation in audit_url(db_url)] == ["chain_over_budget"]
+
+
+def test_the_audit_finds_a_task_outside_its_parents_chain(store, auth, db_url):
+    store.receive(auth, envelope())
+    (child,) = _spawn(store, store.claim("w"), "a")
+    database_of(store).write(Write("corrupt"), lambda tx: tx.execute(
+        "UPDATE tasks SET hops = 0 WHERE task_id = :task_id", {"task_id": child.task_id}))
+    assert [violation.check for violation in audit_url(db_url)] == ["task_without_chain"]

@@ -341,3 +341,32 @@ SELECT receiver_receipts.reply_id AS identity, 'receipt without effect' AS detai
 FROM receiver_receipts
 LEFT JOIN receiver_effects ON receiver_effects.reply_id = receiver_receipts.reply_id
 WHERE receiver_effects.reply_id IS NULL
+
+-- name: audit_store_chain_over_budget
+-- No chain admitted more tasks than its task budget, and every task of a chain that was
+-- pending or ran was admitted (counted in its chain's row). (Cost is charged by work that
+-- already happened, so a chain's cost may pass its budget; its later work is refused.)
+SELECT chains.root_task_id AS identity,
+       'admitted ' || chains.tasks || ' of ' || chains.max_tasks || ' tasks, '
+       || (SELECT count(*) FROM tasks
+           WHERE tasks.root_task_id = chains.root_task_id
+             AND (tasks.attempts > 0 OR tasks.state IN ('pending', 'running')))
+       || ' pending or run' AS detail
+FROM chains
+WHERE chains.tasks > chains.max_tasks
+   OR chains.tasks < (SELECT count(*) FROM tasks
+                      WHERE tasks.root_task_id = chains.root_task_id
+                        AND (tasks.attempts > 0 OR tasks.state IN ('pending', 'running')))
+
+-- name: audit_store_task_without_chain
+-- Every task is in a chain whose row exists, and a linked task is one hop below its parent
+-- in its parent's chain.
+SELECT tasks.task_id AS identity,
+       'root ' || coalesce(tasks.root_task_id, 'NULL') || ', parent '
+       || coalesce(tasks.parent_task_id, 'none') AS detail
+FROM tasks
+LEFT JOIN chains ON chains.root_task_id = tasks.root_task_id
+LEFT JOIN tasks parent ON parent.task_id = tasks.parent_task_id
+WHERE chains.root_task_id IS NULL
+   OR (parent.task_id IS NOT NULL
+       AND (parent.root_task_id <> tasks.root_task_id OR tasks.hops <> parent.hops + 1))
