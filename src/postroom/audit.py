@@ -39,7 +39,8 @@ CHECKS: dict[str, tuple[str, ...]] = {
         "receipt_inconsistent_with_wait", "timed_out_before_deadline",
         "ended_wait_without_continuation", "continuation_value_mismatch",
         "continuation_effect_mismatch", "effect_task_mismatch", "wait_decided_after_high_water",
-        "chain_over_budget", "task_without_chain",
+        "chain_over_budget", "task_without_chain", "approval_uses_mismatch",
+        "side_effect_unapproved",
     ),
     "receiver": (
         "effect_without_receipt", "duplicate_effects", "receipt_without_effect",

@@ -11,12 +11,14 @@ from typing import Any, Generic, TypeVar
 
 __all__ = [
     "Ack",
+    "Approval",
     "Attempt",
     "AttemptOutcome",
     "AuthContext",
     "Budget",
     "Chain",
     "Claim",
+    "CommittedEffect",
     "Continuation",
     "ContinuationKind",
     "DispatchReport",
@@ -47,6 +49,7 @@ __all__ = [
     "Schedule",
     "Settled",
     "Settlement",
+    "SideEffect",
     "SignalReceipt",
     "SignalResult",
     "StoreStatus",
@@ -93,9 +96,81 @@ class AuthContext:
 
     Building one is not authentication: an HTTP server builds it only after checking a bearer
     token; an in-process caller builds it for itself. Never deserialize one from a request.
+    ``role`` is the principal's role as the adapter knows it (``"agent"``, ``"worker"``,
+    ``"human"``, ``"operator"``; ``None``: not said): only a ``"human"`` grants approvals.
     """
 
     principal: str
+    role: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SideEffect:
+    """A side effect a task declares with its finish: ``action`` on ``resource`` carrying
+    ``data`` (JSON). The finish commits only if a human's approval of exactly that action,
+    resource and data is usable then (``approval_id``, or any matching one), consuming one
+    of its uses in the same transaction; the effect is then performed from the committed
+    record, never by the handler before it."""
+
+    action: str
+    resource: str
+    data: Any
+    approval_id: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Approval:
+    """A human's approval as stored: what it allows, how often, until when, and its uses."""
+
+    approval_id: str
+    action: str
+    resource: str
+    data: Any
+    data_digest: str  # SHA-256 of the canonical JSON of ``data``
+    max_uses: int
+    uses: int
+    expires_at: float
+    granted_by: str  # the human principal that granted it
+    requested_by: str  # who asked for it
+    granted_at: float
+    revoked_at: float | None = None
+    revoked_by: str | None = None
+    revoke_reason: str | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Approval:
+        """Build from an ``approvals`` row."""
+        return cls(approval_id=row["approval_id"], action=row["action"],
+                   resource=row["resource"], data=json.loads(row["data"]),
+                   data_digest=row["data_digest"], max_uses=int(row["max_uses"]),
+                   uses=int(row["uses"]), expires_at=float(row["expires_at"]),
+                   granted_by=row["granted_by"], requested_by=row["requested_by"],
+                   granted_at=float(row["granted_at"]),
+                   revoked_at=None if row["revoked_at"] is None else float(row["revoked_at"]),
+                   revoked_by=row["revoked_by"], revoke_reason=row["revoke_reason"])
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CommittedEffect:
+    """A side effect as committed with its task's finish: the record the external effect is
+    performed from, with the approval use it consumed."""
+
+    task_id: str
+    number: int  # its place among the task's side effects, from 1
+    action: str
+    resource: str
+    data: Any
+    approval_id: str
+    use_number: int  # which use of the approval it was, from 1
+    created_at: float
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> CommittedEffect:
+        """Build from a ``side_effects`` row."""
+        return cls(task_id=row["task_id"], number=int(row["number"]), action=row["action"],
+                   resource=row["resource"], data=json.loads(row["data"]),
+                   approval_id=row["approval_id"], use_number=int(row["use_number"]),
+                   created_at=float(row["created_at"]))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -253,6 +328,8 @@ class Finished:
     waits: Sequence[OpenWait] = ()
     #: Cost units charged to the task's chain, committed with the finish.
     charge: int = 0
+    #: Side effects committed with the finish, each consuming a human's approval.
+    side_effects: Sequence[SideEffect] = ()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

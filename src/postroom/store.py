@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from postroom import (
+    approvals,
     chains,
     endpoints,
     inbox,
@@ -39,9 +40,11 @@ from postroom.errors import (
 )
 from postroom.models import (
     Ack,
+    Approval,
     AuthContext,
     Chain,
     Claim,
+    CommittedEffect,
     Continuation,
     DispatchReport,
     Endpoint,
@@ -63,6 +66,7 @@ from postroom.models import (
     Retry,
     Settled,
     Settlement,
+    SideEffect,
     SignalReceipt,
     StoreStatus,
     Swept,
@@ -220,7 +224,8 @@ class Store:
         return self._db.write(tasks.RENEW, lambda tx: tasks.renew(tx, claim, lease=seconds))
 
     def finish(self, claim: Claim, result: Any = None, *, follow_ups: Sequence[FollowUp] = (),
-               waits: Sequence[OpenWait] = (), charge: int = 0) -> list[WaitOpening]:
+               waits: Sequence[OpenWait] = (), charge: int = 0,
+               side_effects: Sequence[SideEffect] = ()) -> list[WaitOpening]:
         """Mark the task done with ``result``; its reply, its follow-ups and its waits commit
         with it, in one transaction.
 
@@ -228,9 +233,12 @@ class Store:
         ``task_id`` is this task): the answer later resumes the flow with a follow-up of this
         task. ``charge`` cost units are charged to the task's chain first, so its follow-ups
         see what the chain has left: those past a budget are stored ``budget_exhausted`` (or
-        ``hop_limit``) with their replies, and never run. Returns the openings, in order.
-        Raises ``Fenced`` if the claim is no longer current and ``WaitNotOpened`` if a wait
-        cannot open; either way nothing is written.
+        ``hop_limit``) with their replies, and never run. Each of ``side_effects`` consumes a
+        use of a human's approval of exactly its action, resource and data, and is recorded
+        with it (``side_effects``): the external effect is performed from that record after
+        the commit. Returns the openings, in order. Raises ``Fenced`` if the claim is no
+        longer current, ``NotApproved`` if a side effect has no usable approval and
+        ``WaitNotOpened`` if a wait cannot open; in each case nothing is written.
         """
         check_claim(claim)
         result_json = check_json(result, "result", limits=self._settings.limits,
@@ -238,9 +246,10 @@ class Store:
         children = self._follow_ups(claim, follow_ups)
         opens = self._waits(claim, waits)
         units = _charge(charge)
+        effects = self._effects(side_effects)
         return self._db.write(tasks.FINISH, lambda tx: tasks.finish(
             tx, self._settings, claim, result_json=result_json, follow_ups=children,
-            opens=opens, charge=units))
+            opens=opens, charge=units, effects=effects))
 
     def finish_batch(self, items: Iterable[tuple[Claim, Any]]) -> None:
         """Finish several claims in one transaction; if any is fenced, none is finished."""
@@ -341,7 +350,8 @@ class Store:
                 follow_ups=self._follow_ups(claim, check_batch(outcome.follow_ups,
                                                                "follow_ups")),
                 opens=self._waits(claim, check_batch(outcome.waits, "waits")),
-                charge=_charge(outcome.charge))
+                charge=_charge(outcome.charge),
+                effects=self._effects(check_batch(outcome.side_effects, "side_effects")))
         if isinstance(outcome, Failed):
             claim = check_claim(outcome.claim)
             reason = check_text(outcome.reason, "reason", max_bytes=4096)
@@ -834,6 +844,44 @@ class Store:
             waits.check_address(self._settings, flow, step, generation)
         return self._db.read(lambda tx: waits.get_wait(tx, flow, step, generation))
 
+    # -- human approvals of side effects ----------------------------------------------------
+
+    def grant_approval(self, auth: AuthContext, approval_id: str, *, action: str,
+                       resource: str, data: Any, expires_at: float, requested_by: str,
+                       max_uses: int = 1) -> Approval:
+        """Record a human's approval: ``action`` on ``resource`` carrying exactly ``data``,
+        at most ``max_uses`` times, until ``expires_at``, asked for by ``requested_by``.
+
+        Only a principal whose trusted adapter gave it the ``human`` role grants
+        (``Unauthorized`` otherwise, nothing written). The grant is a durable event; a retry
+        of the same grant returns the stored approval, the same ``approval_id`` with other
+        terms is a ``PayloadCollision``.
+        """
+        request = approvals.check_grant(
+            self._settings, auth, approval_id=approval_id, action=action, resource=resource,
+            data=data, expires_at=expires_at, requested_by=requested_by, max_uses=max_uses)
+        return self._db.write(approvals.GRANT, lambda tx: approvals.grant(tx, request))
+
+    def revoke_approval(self, auth: AuthContext, approval_id: str, *, reason: str) -> bool:
+        """Revoke an approval (its granter, or an operator): no use commits after this does.
+        ``False`` if it was revoked already; ``NotFound`` if there is none."""
+        principal = inbox.principal_of(self._settings, auth)
+        check_text(approval_id, "approval_id", max_bytes=self._settings.limits.text_bytes)
+        check_text(reason, "reason", max_bytes=4096)
+        return self._db.write(approvals.REVOKE, lambda tx: approvals.revoke(
+            tx, auth, principal, approval_id, reason))
+
+    def approval(self, approval_id: str) -> Approval:
+        """The approval ``approval_id`` as stored; ``NotFound`` if there is none."""
+        check_text(approval_id, "approval_id", max_bytes=self._settings.limits.text_bytes)
+        return self._db.read(lambda tx: approvals.get(tx, approval_id))
+
+    def side_effects(self, task_id: str) -> list[CommittedEffect]:
+        """The side effects ``task_id`` committed with its finish, each with the approval use
+        it consumed: what the external effect is performed from."""
+        check_text(task_id, "task_id", max_bytes=TASK_ID_BYTES)
+        return self._db.read(lambda tx: approvals.side_effects(tx, task_id))
+
     # -- reading: the store's status and its listings -------------------------------------------
 
     def status(self) -> StoreStatus:
@@ -973,6 +1021,10 @@ class Store:
         if len({(request.flow, request.step) for request in checked}) < len(checked):
             raise InvalidInput("waits", "two waits name the same flow and step")
         return checked
+
+    def _effects(self, effects: Sequence[SideEffect]) -> list[approvals.CheckedEffect]:
+        return [approvals.check_effect(self._settings, effect, f"side_effects[{index}]")
+                for index, effect in enumerate(effects)]
 
     def _follow_ups(self, claim: Claim, follow_ups: Sequence[FollowUp]) -> list[CheckedEnvelope]:
         seen: set[str] = set()

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from postroom import chains, log, outbox, transitions, waits
+from postroom import approvals, chains, log, outbox, transitions, waits
 from postroom.db.database import NotAllApplied, Tx, Write
 from postroom.db.dialect import Row
 from postroom.errors import Conflict, Fenced, NotFound, PostroomError, WaitNotOpened
@@ -300,22 +300,26 @@ def renew(tx: Tx, claim: Claim, *, lease: float) -> Claim:
 
 def finish(tx: Tx, settings: Settings, claim: Claim, *, result_json: str,
            follow_ups: Sequence[CheckedEnvelope] = (),
-           opens: Sequence[waits.OpenRequest] = (), charge: int = 0) -> list[WaitOpening]:
-    """Mark the task done, write its reply, charge its chain ``charge`` cost units, create
-    its follow-ups (within what the chain has left) and open its waits, atomically;
-    ``WaitNotOpened`` (and nothing written) if one of the waits cannot open."""
+           opens: Sequence[waits.OpenRequest] = (), charge: int = 0,
+           effects: Sequence[approvals.CheckedEffect] = ()) -> list[WaitOpening]:
+    """Mark the task done, write its reply, consume an approval for each side effect and
+    record it, charge its chain ``charge`` cost units, create its follow-ups (within what
+    the chain has left) and open its waits, atomically; ``NotApproved`` or
+    ``WaitNotOpened`` (and nothing written) if a side effect has no usable approval or a
+    wait cannot open."""
     decision = transitions.finish(result_json=result_json, now=tx.now)
     _apply_owned(tx, settings, claim, decision)
     _log_owned(tx, "task finished", claim, decision)
     return _with_finish(tx, settings, claim, follow_ups=follow_ups, opens=opens,
-                        charge=charge)
+                        charge=charge, effects=effects)
 
 
 def _with_finish(tx: Tx, settings: Settings, claim: Claim, *,
                  follow_ups: Sequence[CheckedEnvelope], opens: Sequence[waits.OpenRequest],
-                 charge: int) -> list[WaitOpening]:
-    """What commits with a finish, after its task moved: the charge first, so that its
-    follow-ups see what the chain has left."""
+                 charge: int, effects: Sequence[approvals.CheckedEffect]) -> list[WaitOpening]:
+    """What commits with a finish, after its task moved: its side effects with their
+    approvals' uses, then the charge, so that its follow-ups see what the chain has left."""
+    approvals.consume(tx, claim.task_id, effects)
     chains.charge(tx, claim.task_id, charge)
     for follow_up in follow_ups:
         store_message(tx, settings, follow_up)
@@ -408,6 +412,7 @@ class Settling:
     opens: Sequence[waits.OpenRequest] = ()
     message: str = "task settled"
     charge: int = 0  # cost units charged to the task's chain
+    effects: Sequence[approvals.CheckedEffect] = ()  # side effects, each needing an approval
 
 
 def settle(tx: Tx, settings: Settings, items: Sequence[Settling]) -> list[Settled]:
@@ -422,7 +427,7 @@ def settle(tx: Tx, settings: Settings, items: Sequence[Settling]) -> list[Settle
     now = tx.now
     settled: dict[int, Settled] = {}
     plain = [(index, item, item.decide(now)) for index, item in enumerate(items)
-             if not item.follow_ups and not item.opens and not item.charge]
+             if not (item.follow_ups or item.opens or item.charge or item.effects)]
     rows = tx.one_each("task_apply_owned", [_owned(item.claim, decision, now, settings)
                                             for _, item, decision in plain])
     moved: list[tuple[Row, TaskDecision]] = []
@@ -445,7 +450,8 @@ def settle(tx: Tx, settings: Settings, items: Sequence[Settling]) -> list[Settle
             with tx.savepoint():
                 _apply_owned(tx, settings, item.claim, decision)
                 openings = _with_finish(tx, settings, item.claim, follow_ups=item.follow_ups,
-                                        opens=item.opens, charge=item.charge)
+                                        opens=item.opens, charge=item.charge,
+                                        effects=item.effects)
         except PostroomError as exc:
             settled[index] = Settled(task_id=item.claim.task_id, error=exc)
             continue

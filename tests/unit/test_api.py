@@ -16,6 +16,8 @@ PUBLIC = [
     "StoreUnavailable", "Swept", "SystemClock", "Task", "TaskState", "TaskStory",
     "TransientDeliveryError", "Transport", "Unauthorized", "Wait", "Waiter", "WaitNotOpened",
     "WaitOpening", "WaitState",
+    # chains and approvals
+    "Approval", "CommittedEffect", "NotApproved", "SideEffect",
     # endpoints and webhooks
     "AddressRefused", "BadSignature", "Endpoint", "EndpointSecret", "Schedule",
 ]

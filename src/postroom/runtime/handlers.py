@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from postroom.errors import InvalidInput
-from postroom.models import Claim, Continuation, FollowUp, OpenWait
+from postroom.models import Claim, Continuation, FollowUp, OpenWait, SideEffect
 from postroom.validation import DEFAULT_LIMITS, check_text
 
 __all__ = ["App", "Context", "Handler", "HandlerSpec", "PermanentFailure", "Resumer"]
@@ -174,6 +174,7 @@ class Context:
         self._follow_ups: list[FollowUp] = []
         self._waits: list[OpenWait] = []
         self._charged = 0
+        self._side_effects: list[SideEffect] = []
 
     @property
     def claim(self) -> Claim:
@@ -276,6 +277,21 @@ class Context:
         if type(units) is not int or units < 0:
             raise InvalidInput("units", f"must be an int >= 0, got {units!r}")
         self._charged += units
+
+    def side_effect(self, action: str, resource: str, data: Any, *,
+                    approval_id: str | None = None) -> None:
+        """Declare a side effect to commit with this task's finish: ``action`` on
+        ``resource`` carrying ``data``. The finish commits only if a human's approval of
+        exactly that (``approval_id``, or any matching one) is usable then, consuming a use
+        in the same transaction; perform the effect from the committed record
+        (``Store.side_effects``), never from the handler before the finish."""
+        self._side_effects.append(SideEffect(action=action, resource=resource, data=data,
+                                             approval_id=approval_id))
+
+    @property
+    def side_effects(self) -> tuple[SideEffect, ...]:
+        """The side effects declared so far."""
+        return tuple(self._side_effects)
 
     @property
     def charged(self) -> int:

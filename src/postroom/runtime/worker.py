@@ -559,7 +559,7 @@ def _outcome(claim: Claim, ctx: Context, run: Callable[[], Any]) -> Settlement |
     except Exception as exc:
         return Failed(claim=claim, reason=_reason(_described(exc)), retryable=True)
     return Finished(claim=claim, result=result, follow_ups=ctx.follow_ups, waits=ctx.waits,
-                    charge=ctx.charged)
+                    charge=ctx.charged, side_effects=ctx.side_effects)
 
 
 def _raiser(exc: BaseException) -> Callable[[], Any]:

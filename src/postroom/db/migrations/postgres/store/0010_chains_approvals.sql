@@ -1,4 +1,5 @@
--- postroom store, version 10: chains and their budgets (SPEC §7). Every task records the
+-- postroom store, version 10: chains and their budgets (SPEC §7), and human approvals of
+-- side effects (SPEC §6, at the end). Every task records the
 -- root of its chain; a chain's row holds its budgets (the store's settings, lowered by the
 -- root's envelope) and what it has spent, and is locked by every transaction that adds work
 -- to it. A chain's new work past a budget is stored as budget_exhausted.
@@ -47,3 +48,54 @@ SELECT roots.task_id, roots.principal, 4,
        (SELECT count(*) FROM tasks member WHERE member.root_task_id = roots.task_id),
        roots.created_at
 FROM tasks roots WHERE roots.root_task_id = roots.task_id;
+
+-- Human approvals (SPEC §6): a record granted by an authenticated human principal, naming the
+-- action, the resource (or recipient) and the data it allows (the SHA-256 of its canonical
+-- JSON), how many uses, until when, and who asked. A side effect consumes one use in the
+-- transaction that commits it; words in a payload or a signal never count.
+CREATE TABLE approvals (
+    approval_id    TEXT PRIMARY KEY,
+    action         TEXT NOT NULL,
+    resource       TEXT NOT NULL,
+    data           TEXT NOT NULL,
+    data_digest    TEXT NOT NULL,
+    max_uses       INTEGER NOT NULL CHECK (max_uses >= 1),
+    uses           INTEGER NOT NULL DEFAULT 0 CHECK (uses >= 0),
+    expires_at     DOUBLE PRECISION NOT NULL,
+    granted_by     TEXT NOT NULL,
+    requested_by   TEXT NOT NULL,
+    granted_at     DOUBLE PRECISION NOT NULL,
+    fingerprint    TEXT NOT NULL,
+    revoked_at     DOUBLE PRECISION,
+    revoked_by     TEXT,
+    revoke_reason  TEXT
+);
+-- A side effect looks for a usable approval of its action, resource and data.
+CREATE INDEX approvals_matching ON approvals (action, resource, data_digest);
+
+-- Granting, each use and revoking, as durable events (the audit holds them to the records).
+CREATE TABLE approval_events (
+    approval_id  TEXT NOT NULL,
+    kind         TEXT NOT NULL CHECK (kind IN ('granted', 'used', 'revoked')),
+    number       INTEGER NOT NULL CHECK (number >= 0),
+    principal    TEXT NOT NULL,
+    task_id      TEXT,
+    at           DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (approval_id, kind, number)
+);
+
+-- The side effects a task declared and committed with its finish, each with the approval it
+-- consumed: the committed record the external effect is performed from, after the commit.
+CREATE TABLE side_effects (
+    task_id      TEXT NOT NULL,
+    number       INTEGER NOT NULL CHECK (number >= 1),
+    action       TEXT NOT NULL,
+    resource     TEXT NOT NULL,
+    data         TEXT NOT NULL,
+    data_digest  TEXT NOT NULL,
+    approval_id  TEXT NOT NULL,
+    use_number   INTEGER NOT NULL,
+    created_at   DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (task_id, number),
+    UNIQUE (approval_id, use_number)
+);
