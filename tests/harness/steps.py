@@ -100,6 +100,39 @@ def _retry(ctx: Context, task_id: str) -> str:
     return ctx.store.retry(task_id, operator="op", reason="test").new_task_id
 
 
+# -- human approvals ------------------------------------------------------------------------
+
+#: The approval the approval steps grant, revoke and use (alice's refund of customer 17).
+HUMAN = postroom.AuthContext(principal="alice", role="human")
+REFUND = postroom.SideEffect(action="refund", resource="customer:17",
+                             data={"amount": 40, "currency": "EUR"})
+
+
+@step("grant")
+def _grant(ctx: Context, approval_id: str, expires_at: float, max_uses: int = 1
+           ) -> postroom.Approval:
+    return ctx.store.grant_approval(HUMAN, approval_id, action=REFUND.action,
+                                    resource=REFUND.resource, data=REFUND.data,
+                                    expires_at=expires_at, requested_by="planner",
+                                    max_uses=max_uses)
+
+
+@step("revoke")
+def _revoke(ctx: Context, approval_id: str) -> bool:
+    return ctx.store.revoke_approval(HUMAN, approval_id, reason="test")
+
+
+@step("finish_refund")
+def _finish_refund(ctx: Context) -> str | None:
+    """Finish the held claim with the refund as its side effect; ``None`` if it committed,
+    else the refusal's class (``NotApproved``: nothing written)."""
+    try:
+        ctx.store.finish(ctx.held, "refunded", side_effects=[REFUND])
+    except postroom.NotApproved:
+        return "NotApproved"
+    return None
+
+
 @step("pause")
 def _pause(ctx: Context, queue: str) -> bool:
     return ctx.store.pause_queue(queue, operator="op", reason="test")
