@@ -44,6 +44,7 @@ from postroom.errors import (
 from postroom.models import (
     Ack,
     Approval,
+    ApprovalRequest,
     Attempt,
     AttemptOutcome,
     AuthContext,
@@ -104,6 +105,7 @@ __all__ = [
     "Ack",
     "AddressRefused",
     "Approval",
+    "ApprovalRequest",
     "Attempt",
     "AttemptOutcome",
     "AuthContext",

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from postroom import waits
 from postroom.db.database import Tx, Write
 from postroom.errors import (
     InvalidInput,
@@ -28,16 +29,29 @@ from postroom.errors import (
     Unauthorized,
 )
 from postroom.inbox import principal_of
-from postroom.models import Approval, AuthContext, CommittedEffect, SideEffect
+from postroom.models import (
+    Approval,
+    ApprovalRequest,
+    AuthContext,
+    CommittedEffect,
+    SideEffect,
+    SignalReceipt,
+    SignalResult,
+    WaitOpening,
+)
 from postroom.settings import Settings
 from postroom.validation import canonical_json, check_int, check_json, check_number, check_text
 from postroom.validation import fingerprint as digest
+from postroom.waits import SignalRequest
 
-__all__ = ["GRANT", "HUMAN", "REVOKE", "CheckedEffect", "Grant", "check_effect", "check_grant",
-           "check_human", "consume", "get", "grant", "revoke", "side_effects"]
+__all__ = ["ANSWER", "GRANT", "HUMAN", "REVOKE", "CheckedAsk", "CheckedEffect", "Grant", "answer",
+           "ask", "check_ask", "check_effect", "check_grant", "check_human", "consume", "get",
+           "grant", "request_approval_id", "revoke", "side_effects"]
 
 GRANT = Write("grant_approval")
 REVOKE = Write("revoke_approval")
+#: A human's answer to an approval request: the grant (or denial) and the wait's signal.
+ANSWER = Write("answer_approval")
 
 #: The role a trusted adapter gives a principal that may grant approvals.
 HUMAN = "human"
@@ -78,6 +92,82 @@ class CheckedEffect:
     data: str
     data_digest: str
     approval_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedAsk:
+    """A validated ``ApprovalRequest``, its data canonical."""
+
+    action: str
+    resource: str
+    data: str
+    data_digest: str
+    max_uses: int
+    expires_at: float
+
+
+def check_ask(settings: Settings, ask: object, responder: str | None,
+              field: str = "approval") -> CheckedAsk:
+    """An approval request made with a wait; the wait must name its responder (the human
+    who answers)."""
+    if not isinstance(ask, ApprovalRequest):
+        raise InvalidInput(field, f"must be an ApprovalRequest, got {type(ask).__name__}")
+    if responder is None:
+        raise InvalidInput("responder", "a wait asking for an approval names the human who "
+                                        "answers it")
+    limit = settings.limits.text_bytes
+    data_json = check_json(ask.data, f"{field}.data", limits=settings.limits,
+                           require_object=False)
+    return CheckedAsk(action=check_text(ask.action, f"{field}.action", max_bytes=limit),
+                      resource=check_text(ask.resource, f"{field}.resource", max_bytes=limit),
+                      data=data_json, data_digest=digest(data_json),
+                      max_uses=check_int(ask.max_uses, f"{field}.max_uses", low=1,
+                                         high=MAX_USES),
+                      expires_at=check_number(ask.expires_at, f"{field}.expires_at"))
+
+
+def request_approval_id(flow: str, step: str, generation: int) -> str:
+    """The id of the approval that a grant answering the wait generation makes."""
+    return "request:" + digest(canonical_json([flow, step, generation]))[:40]
+
+
+def ask(tx: Tx, opening: WaitOpening, request: CheckedAsk, *, task_id: str,
+        responder: str) -> None:
+    """Record the approval request of a wait generation that just opened."""
+    tx.change("approval_request_insert", flow=opening.flow, step=opening.step,
+              generation=opening.generation,
+              approval_id=request_approval_id(opening.flow, opening.step, opening.generation),
+              action=request.action, resource=request.resource, data=request.data,
+              data_digest=request.data_digest, max_uses=request.max_uses,
+              expires_at=request.expires_at, requested_by=task_id, responder=responder)
+
+
+def answer(tx: Tx, human: str, signal: SignalRequest, *, approve: bool) -> SignalReceipt:
+    """The addressed human's answer to an approval request: the wait's signal, and with an
+    accepted approval the grant, in the caller's one transaction (a replay grants nothing
+    again; a late or stale answer grants nothing). ``NotFound`` if the generation asked for
+    no approval, ``Unauthorized`` if another principal answers."""
+    address = signal.address
+    row = tx.one("approval_request_get", flow=address.flow, step=address.step,
+                 generation=address.generation)
+    if row is None:
+        raise NotFound(f"{address} asks for no approval")
+    if row["responder"] != human:
+        raise Unauthorized(f"{address} asks {row['responder']!r} for the approval, not "
+                           f"{human!r}")
+    receipt = waits.signal(tx, signal)
+    if receipt.result is not SignalResult.ACCEPTED:
+        return receipt
+    if approve:
+        grant(tx, Grant(approval_id=str(row["approval_id"]), action=row["action"],
+                        resource=row["resource"], data=row["data"],
+                        data_digest=row["data_digest"], max_uses=int(row["max_uses"]),
+                        expires_at=float(row["expires_at"]), granted_by=human,
+                        requested_by=row["requested_by"]))
+    tx.change("approval_request_answer", flow=address.flow, step=address.step,
+              generation=address.generation, answer="granted" if approve else "denied",
+              now=tx.now)
+    return receipt
 
 
 def check_human(settings: Settings, auth: AuthContext, field: str = "auth") -> str:

@@ -12,6 +12,7 @@ from typing import Any, Generic, TypeVar
 __all__ = [
     "Ack",
     "Approval",
+    "ApprovalRequest",
     "Attempt",
     "AttemptOutcome",
     "AuthContext",
@@ -275,6 +276,18 @@ class FollowUp:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ApprovalRequest:
+    """What a task asks a human to approve, with the wait it opens: ``action`` on
+    ``resource`` carrying ``data``, ``max_uses`` times, until ``expires_at``."""
+
+    action: str
+    resource: str
+    data: Any
+    expires_at: float
+    max_uses: int = 1
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class OpenWait:
     """A wait to open with a task's ``finish``, in the same transaction: the task is done,
     and the flow waits for the outside world's answer (SPEC §10).
@@ -289,6 +302,9 @@ class OpenWait:
     expected_generation: int = 0
     request_id: str | None = None
     responder: str | None = None
+    #: Ask the responder (a human) for this approval: their answer (``Store.answer_approval``)
+    #: grants or denies it and signals the wait, in one transaction.
+    approval: ApprovalRequest | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -247,9 +247,10 @@ class Store:
         opens = self._waits(claim, waits)
         units = _charge(charge)
         effects = self._effects(side_effects)
+        asks = self._asks(waits)
         return self._db.write(tasks.FINISH, lambda tx: tasks.finish(
             tx, self._settings, claim, result_json=result_json, follow_ups=children,
-            opens=opens, charge=units, effects=effects))
+            opens=opens, charge=units, effects=effects, asks=asks))
 
     def finish_batch(self, items: Iterable[tuple[Claim, Any]]) -> None:
         """Finish several claims in one transaction; if any is fenced, none is finished."""
@@ -350,6 +351,7 @@ class Store:
                 follow_ups=self._follow_ups(claim, check_batch(outcome.follow_ups,
                                                                "follow_ups")),
                 opens=self._waits(claim, check_batch(outcome.waits, "waits")),
+                asks=self._asks(check_batch(outcome.waits, "waits")),
                 charge=_charge(outcome.charge),
                 effects=self._effects(check_batch(outcome.side_effects, "side_effects")))
         if isinstance(outcome, Failed):
@@ -871,6 +873,27 @@ class Store:
         return self._db.write(approvals.REVOKE, lambda tx: approvals.revoke(
             tx, auth, principal, approval_id, reason))
 
+    def answer_approval(
+            self, auth: AuthContext, event_id: str, flow: str, step: str, generation: int,
+            *, approve: bool) -> SignalReceipt:
+        """The addressed human answers the approval a wait generation asks for: in one
+        transaction the wait is signaled (``{"approved": ..., "approval_id": ...}``, so the
+        flow resumes exactly once) and, when ``approve`` and the signal is ``accepted``, the
+        approval is granted (``approvals.request_approval_id``), requested by the asking
+        task. Only the wait's responder, with the human role, answers (``Unauthorized``,
+        nothing written); a replay, a late or a stale answer grants nothing. ``NotFound`` if
+        the generation asks for no approval."""
+        human = approvals.check_human(self._settings, auth)
+        check_bool(approve, "approve")
+        address = waits.check_address(self._settings, flow, step, generation)
+        value = {"approved": approve,
+                 "approval_id": (approvals.request_approval_id(
+                     address.flow, address.step, address.generation) if approve else None)}
+        request = waits.check_signal(self._settings, auth, event_id=event_id, flow=flow,
+                                     step=step, generation=generation, value=value)
+        return self._db.write(approvals.ANSWER, lambda tx: approvals.answer(
+            tx, human, request, approve=approve))
+
     def approval(self, approval_id: str) -> Approval:
         """The approval ``approval_id`` as stored; ``NotFound`` if there is none."""
         check_text(approval_id, "approval_id", max_bytes=self._settings.limits.text_bytes)
@@ -1021,6 +1044,12 @@ class Store:
         if len({(request.flow, request.step) for request in checked}) < len(checked):
             raise InvalidInput("waits", "two waits name the same flow and step")
         return checked
+
+    def _asks(self, opens: Sequence[OpenWait]) -> dict[int, approvals.CheckedAsk]:
+        """The approval requests of ``opens`` (already checked by ``_waits``), by index."""
+        return {index: _indexed(index, approvals.check_ask, self._settings, item.approval,
+                                item.responder, prefix="waits")
+                for index, item in enumerate(opens) if item.approval is not None}
 
     def _effects(self, effects: Sequence[SideEffect]) -> list[approvals.CheckedEffect]:
         return [approvals.check_effect(self._settings, effect, f"side_effects[{index}]")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from postroom import approvals, chains, log, outbox, transitions, waits
@@ -301,7 +301,8 @@ def renew(tx: Tx, claim: Claim, *, lease: float) -> Claim:
 def finish(tx: Tx, settings: Settings, claim: Claim, *, result_json: str,
            follow_ups: Sequence[CheckedEnvelope] = (),
            opens: Sequence[waits.OpenRequest] = (), charge: int = 0,
-           effects: Sequence[approvals.CheckedEffect] = ()) -> list[WaitOpening]:
+           effects: Sequence[approvals.CheckedEffect] = (),
+           asks: Mapping[int, approvals.CheckedAsk] | None = None) -> list[WaitOpening]:
     """Mark the task done, write its reply, consume an approval for each side effect and
     record it, charge its chain ``charge`` cost units, create its follow-ups (within what
     the chain has left) and open its waits, atomically; ``NotApproved`` or
@@ -311,12 +312,13 @@ def finish(tx: Tx, settings: Settings, claim: Claim, *, result_json: str,
     _apply_owned(tx, settings, claim, decision)
     _log_owned(tx, "task finished", claim, decision)
     return _with_finish(tx, settings, claim, follow_ups=follow_ups, opens=opens,
-                        charge=charge, effects=effects)
+                        charge=charge, effects=effects, asks=asks or {})
 
 
 def _with_finish(tx: Tx, settings: Settings, claim: Claim, *,
                  follow_ups: Sequence[CheckedEnvelope], opens: Sequence[waits.OpenRequest],
-                 charge: int, effects: Sequence[approvals.CheckedEffect]) -> list[WaitOpening]:
+                 charge: int, effects: Sequence[approvals.CheckedEffect],
+                 asks: Mapping[int, approvals.CheckedAsk]) -> list[WaitOpening]:
     """What commits with a finish, after its task moved: its side effects with their
     approvals' uses, then the charge, so that its follow-ups see what the chain has left."""
     approvals.consume(tx, claim.task_id, effects)
@@ -324,10 +326,14 @@ def _with_finish(tx: Tx, settings: Settings, claim: Claim, *,
     for follow_up in follow_ups:
         store_message(tx, settings, follow_up)
     openings = []
-    for request in opens:
+    for index, request in enumerate(opens):
         opening = waits.open_wait(tx, request)
         if opening.result is not OpenResult.OPENED:
             raise WaitNotOpened(opening)
+        if index in asks:
+            assert request.responder is not None  # check_ask holds it
+            approvals.ask(tx, opening, asks[index], task_id=claim.task_id,
+                          responder=request.responder)
         openings.append(opening)
     return openings
 
@@ -413,6 +419,7 @@ class Settling:
     message: str = "task settled"
     charge: int = 0  # cost units charged to the task's chain
     effects: Sequence[approvals.CheckedEffect] = ()  # side effects, each needing an approval
+    asks: Mapping[int, approvals.CheckedAsk] = field(default_factory=dict)  # by wait index
 
 
 def settle(tx: Tx, settings: Settings, items: Sequence[Settling]) -> list[Settled]:
@@ -451,7 +458,7 @@ def settle(tx: Tx, settings: Settings, items: Sequence[Settling]) -> list[Settle
                 _apply_owned(tx, settings, item.claim, decision)
                 openings = _with_finish(tx, settings, item.claim, follow_ups=item.follow_ups,
                                         opens=item.opens, charge=item.charge,
-                                        effects=item.effects)
+                                        effects=item.effects, asks=item.asks)
         except PostroomError as exc:
             settled[index] = Settled(task_id=item.claim.task_id, error=exc)
             continue

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import postroom
-from postroom import SideEffect, TaskState
+from postroom import SideEffect, TaskState, approvals
 from postroom.audit import audit_url
 from postroom.db.database import Write
 from postroom.signing import new_secret, sign
@@ -226,3 +226,81 @@ def test_the_audit_finds_a_side_effect_after_its_revocation(store, claim, db_url
         "INSERT INTO approval_events (approval_id, kind, number, principal, at) "
         "VALUES ('refund-17', 'revoked', 0, 'alice', :at)", {"at": START - 1}))
     assert [violation.check for violation in audit_url(db_url)] == ["side_effect_unapproved"]
+
+
+# -- approval requests as waits ------------------------------------------------------------
+
+
+def _ask(store, claim, responder="alice"):
+    (opening,) = store.finish(claim, "asked", waits=[postroom.OpenWait(
+        flow="refund-17", step="approval", deadline=START + 600, responder=responder,
+        approval=postroom.ApprovalRequest(action="refund", resource="customer:17",
+                                          data=REFUND, expires_at=START + 3600))])
+    return opening.generation
+
+
+def _resumed_follow_up(store, generation):
+    [continuation] = store.continuations()
+    store.resume("refund-17", "approval", generation, postroom.FollowUp(
+        message_id="issue", payload={"answer": continuation.value}))
+    return store.claim("w"), continuation.value
+
+
+def test_a_humans_yes_grants_the_requested_approval_and_resumes_the_flow_once(store, claim):
+    generation = _ask(store, claim)
+    receipt = store.answer_approval(ALICE, "yes-1", "refund-17", "approval", generation,
+                                    approve=True)
+    assert receipt.result is postroom.SignalResult.ACCEPTED
+    follow_up, value = _resumed_follow_up(store, generation)
+    approval = store.approval(value["approval_id"])
+    assert (approval.granted_by, approval.requested_by, approval.data, approval.uses) == (
+        "alice", claim.task_id, REFUND, 0)
+    store.finish(follow_up, "refunded",
+                 side_effects=[_refund(approval_id=value["approval_id"])])
+    assert store.approval(value["approval_id"]).uses == 1
+    assert store.continuations() == []
+
+
+def test_a_replayed_answer_grants_nothing_again(store, claim):
+    generation = _ask(store, claim)
+    store.answer_approval(ALICE, "yes-1", "refund-17", "approval", generation, approve=True)
+    again = store.answer_approval(ALICE, "yes-1", "refund-17", "approval", generation,
+                                  approve=True)
+    assert again.result is postroom.SignalResult.REPLAY
+    assert len(store.continuations()) == 1
+
+
+def test_a_humans_no_grants_nothing_and_the_side_effect_is_refused(store, claim):
+    generation = _ask(store, claim)
+    store.answer_approval(ALICE, "no-1", "refund-17", "approval", generation, approve=False)
+    follow_up, value = _resumed_follow_up(store, generation)
+    assert value == {"approved": False, "approval_id": None}
+    _refused_and_nothing_written(store, follow_up, _refund())
+
+
+def test_only_the_addressed_human_answers(store, claim):
+    generation = _ask(store, claim)
+    before = stored(store)
+    with pytest.raises(postroom.Unauthorized):
+        store.answer_approval(BOB, "yes-1", "refund-17", "approval", generation, approve=True)
+    with pytest.raises(postroom.Unauthorized, match="human"):
+        store.answer_approval(postroom.AuthContext(principal="alice"), "yes-1", "refund-17",
+                              "approval", generation, approve=True)
+    assert stored(store) == before
+    assert store.continuations() == []
+
+
+def test_an_answer_after_the_deadline_grants_nothing(store, claim, clock):
+    generation = _ask(store, claim)
+    clock.advance(600)
+    late = store.answer_approval(ALICE, "yes-1", "refund-17", "approval", generation,
+                                 approve=True)
+    assert late.result is postroom.SignalResult.TOO_LATE
+    with pytest.raises(postroom.NotFound):
+        store.approval(approvals.request_approval_id("refund-17", "approval", generation))
+
+
+def test_a_wait_asking_for_an_approval_names_its_responder(store, claim):
+    with pytest.raises(postroom.InvalidInput) as refused:
+        _ask(store, claim, responder=None)
+    assert refused.value.field == "waits[0].responder"

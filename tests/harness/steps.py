@@ -122,6 +122,12 @@ def _revoke(ctx: Context, approval_id: str) -> bool:
     return ctx.store.revoke_approval(HUMAN, approval_id, reason="test")
 
 
+@step("answer_approval")
+def _answer_approval(ctx: Context, event_id: str, flow: str, step: str, generation: int, *,
+                     approve: bool) -> postroom.SignalReceipt:
+    return ctx.store.answer_approval(HUMAN, event_id, flow, step, generation, approve=approve)
+
+
 @step("finish_refund")
 def _finish_refund(ctx: Context) -> str | None:
     """Finish the held claim with the refund as its side effect; ``None`` if it committed,

@@ -17,7 +17,7 @@ PUBLIC = [
     "TransientDeliveryError", "Transport", "Unauthorized", "Wait", "Waiter", "WaitNotOpened",
     "WaitOpening", "WaitState",
     # chains and approvals
-    "Approval", "CommittedEffect", "NotApproved", "SideEffect",
+    "Approval", "ApprovalRequest", "CommittedEffect", "NotApproved", "SideEffect",
     # endpoints and webhooks
     "AddressRefused", "BadSignature", "Endpoint", "EndpointSecret", "Schedule",
 ]

@@ -28,7 +28,14 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from postroom.errors import InvalidInput
-from postroom.models import Claim, Continuation, FollowUp, OpenWait, SideEffect
+from postroom.models import (
+    ApprovalRequest,
+    Claim,
+    Continuation,
+    FollowUp,
+    OpenWait,
+    SideEffect,
+)
 from postroom.validation import DEFAULT_LIMITS, check_text
 
 __all__ = ["App", "Context", "Handler", "HandlerSpec", "PermanentFailure", "Resumer"]
@@ -297,6 +304,20 @@ class Context:
     def charged(self) -> int:
         """The cost units charged so far."""
         return self._charged
+
+    def request_approval(self, flow: str, step: str, deadline: float, *, responder: str,
+                         action: str, resource: str, data: Any, expires_at: float,
+                         max_uses: int = 1, expected_generation: int = 0) -> None:
+        """Ask ``responder`` (a human) to approve ``action`` on ``resource`` carrying
+        ``data``: a wait addressed to them opens with this task's finish. Their answer
+        (``Store.answer_approval``) grants or denies the approval and signals the wait in
+        one transaction; the resumed flow declares the side effect with the approval id the
+        signal carries."""
+        self._waits.append(OpenWait(
+            flow=flow, step=step, deadline=deadline, expected_generation=expected_generation,
+            responder=responder, approval=ApprovalRequest(action=action, resource=resource,
+                                                          data=data, expires_at=expires_at,
+                                                          max_uses=max_uses)))
 
     @property
     def follow_ups(self) -> tuple[FollowUp, ...]:

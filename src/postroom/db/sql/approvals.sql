@@ -57,3 +57,20 @@ SELECT * FROM side_effects WHERE task_id = :task_id ORDER BY number
 -- name: side_effects_by_approval
 -- The side effects that used an approval, in order of use.
 SELECT * FROM side_effects WHERE approval_id = :approval_id ORDER BY use_number
+
+-- name: approval_request_insert
+-- A task's request for an approval, with the wait generation it opened.
+INSERT INTO approval_requests (flow, step, generation, approval_id, action, resource, data,
+                               data_digest, max_uses, expires_at, requested_by, responder)
+VALUES (:flow, :step, :generation, :approval_id, :action, :resource, :data, :data_digest,
+        :max_uses, :expires_at, :requested_by, :responder)
+ON CONFLICT (flow, step, generation) DO NOTHING
+
+-- name: approval_request_get
+-- The approval request a wait generation asks.
+SELECT * FROM approval_requests WHERE flow = :flow AND step = :step AND generation = :generation
+
+-- name: approval_request_answer
+-- Record the human's answer to a request not answered yet.
+UPDATE approval_requests SET answer = :answer, answered_at = :now
+WHERE flow = :flow AND step = :step AND generation = :generation AND answer IS NULL

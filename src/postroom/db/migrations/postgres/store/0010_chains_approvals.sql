@@ -99,3 +99,24 @@ CREATE TABLE side_effects (
     PRIMARY KEY (task_id, number),
     UNIQUE (approval_id, use_number)
 );
+
+-- A task's request for a human's approval, asked as the wait it opened (addressed to the
+-- responder): the human's answer grants (approval_id) or denies it and signals the wait, in
+-- one transaction.
+CREATE TABLE approval_requests (
+    flow          TEXT NOT NULL,
+    step          TEXT NOT NULL,
+    generation    INTEGER NOT NULL,
+    approval_id   TEXT NOT NULL UNIQUE,
+    action        TEXT NOT NULL,
+    resource      TEXT NOT NULL,
+    data          TEXT NOT NULL,
+    data_digest   TEXT NOT NULL,
+    max_uses      INTEGER NOT NULL CHECK (max_uses >= 1),
+    expires_at    DOUBLE PRECISION NOT NULL,
+    requested_by  TEXT NOT NULL,
+    responder     TEXT NOT NULL,
+    answer        TEXT CHECK (answer IN ('granted', 'denied')),
+    answered_at   DOUBLE PRECISION,
+    PRIMARY KEY (flow, step, generation)
+);
