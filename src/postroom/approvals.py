@@ -44,9 +44,9 @@ from postroom.validation import canonical_json, check_int, check_json, check_num
 from postroom.validation import fingerprint as digest
 from postroom.waits import SignalRequest
 
-__all__ = ["ANSWER", "GRANT", "HUMAN", "REVOKE", "CheckedAsk", "CheckedEffect", "Grant", "answer",
-           "ask", "check_ask", "check_effect", "check_grant", "check_human", "consume", "get",
-           "grant", "request_approval_id", "revoke", "side_effects"]
+__all__ = ["ANSWER", "GRANT", "HUMAN", "REVOKE", "CheckedAsk", "CheckedEffect", "Grant", "Terms",
+           "answer", "ask", "check_ask", "check_effect", "check_grant", "check_human", "consume",
+           "get", "grant", "request_approval_id", "revoke", "side_effects"]
 
 GRANT = Write("grant_approval")
 REVOKE = Write("revoke_approval")
@@ -62,16 +62,36 @@ MAX_USES = 10_000
 
 
 @dataclass(frozen=True, slots=True)
-class Grant:
-    """A validated grant, its data canonical."""
+class Terms:
+    """What an approval allows, or a side effect does: an action on a resource carrying data
+    (canonical JSON, and its SHA-256)."""
 
-    approval_id: str
     action: str
     resource: str
     data: str
     data_digest: str
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedEffect(Terms):
+    """A validated side effect, naming the approval it uses (``None``: any that matches)."""
+
+    approval_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedAsk(Terms):
+    """A validated ``ApprovalRequest``."""
+
     max_uses: int
     expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Grant(CheckedAsk):
+    """A validated grant: the approval's id, terms, granter and who asked."""
+
+    approval_id: str
     granted_by: str
     requested_by: str
 
@@ -83,27 +103,14 @@ class Grant:
                                       self.requested_by]))
 
 
-@dataclass(frozen=True, slots=True)
-class CheckedEffect:
-    """A validated side effect, its data canonical."""
-
-    action: str
-    resource: str
-    data: str
-    data_digest: str
-    approval_id: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class CheckedAsk:
-    """A validated ``ApprovalRequest``, its data canonical."""
-
-    action: str
-    resource: str
-    data: str
-    data_digest: str
-    max_uses: int
-    expires_at: float
+def _terms(settings: Settings, action: object, resource: object, data: object,
+           prefix: str = "") -> dict[str, str]:
+    """The checked ``Terms`` fields, each refusal naming ``prefix`` + the field."""
+    limit = settings.limits.text_bytes
+    data_json = check_json(data, f"{prefix}data", limits=settings.limits, require_object=False)
+    return {"action": check_text(action, f"{prefix}action", max_bytes=limit),
+            "resource": check_text(resource, f"{prefix}resource", max_bytes=limit),
+            "data": data_json, "data_digest": digest(data_json)}
 
 
 def check_ask(settings: Settings, ask: object, responder: str | None,
@@ -115,12 +122,7 @@ def check_ask(settings: Settings, ask: object, responder: str | None,
     if responder is None:
         raise InvalidInput("responder", "a wait asking for an approval names the human who "
                                         "answers it")
-    limit = settings.limits.text_bytes
-    data_json = check_json(ask.data, f"{field}.data", limits=settings.limits,
-                           require_object=False)
-    return CheckedAsk(action=check_text(ask.action, f"{field}.action", max_bytes=limit),
-                      resource=check_text(ask.resource, f"{field}.resource", max_bytes=limit),
-                      data=data_json, data_digest=digest(data_json),
+    return CheckedAsk(**_terms(settings, ask.action, ask.resource, ask.data, f"{field}."),
                       max_uses=check_int(ask.max_uses, f"{field}.max_uses", low=1,
                                          high=MAX_USES),
                       expires_at=check_number(ask.expires_at, f"{field}.expires_at"))
@@ -186,11 +188,8 @@ def check_grant(settings: Settings, auth: AuthContext, *, approval_id: object, a
     """Authorize the human and validate a grant; nothing is written either way."""
     human = check_human(settings, auth)
     limit = settings.limits.text_bytes
-    data_json = check_json(data, "data", limits=settings.limits, require_object=False)
-    return Grant(approval_id=check_text(approval_id, "approval_id", max_bytes=limit),
-                 action=check_text(action, "action", max_bytes=limit),
-                 resource=check_text(resource, "resource", max_bytes=limit),
-                 data=data_json, data_digest=digest(data_json),
+    return Grant(**_terms(settings, action, resource, data),
+                 approval_id=check_text(approval_id, "approval_id", max_bytes=limit),
                  max_uses=check_int(max_uses, "max_uses", low=1, high=MAX_USES),
                  expires_at=check_number(expires_at, "expires_at"), granted_by=human,
                  requested_by=check_text(requested_by, "requested_by", max_bytes=limit))
@@ -200,15 +199,11 @@ def check_effect(settings: Settings, effect: object, field: str = "side_effect")
     """A declared side effect, validated."""
     if not isinstance(effect, SideEffect):
         raise InvalidInput(field, f"must be a SideEffect, got {type(effect).__name__}")
-    limit = settings.limits.text_bytes
-    data_json = check_json(effect.data, f"{field}.data", limits=settings.limits,
-                           require_object=False)
     approval_id = (None if effect.approval_id is None else
-                   check_text(effect.approval_id, f"{field}.approval_id", max_bytes=limit))
-    return CheckedEffect(action=check_text(effect.action, f"{field}.action", max_bytes=limit),
-                         resource=check_text(effect.resource, f"{field}.resource",
-                                             max_bytes=limit),
-                         data=data_json, data_digest=digest(data_json), approval_id=approval_id)
+                   check_text(effect.approval_id, f"{field}.approval_id",
+                              max_bytes=settings.limits.text_bytes))
+    return CheckedEffect(**_terms(settings, effect.action, effect.resource, effect.data,
+                                  f"{field}."), approval_id=approval_id)
 
 
 def grant(tx: Tx, request: Grant) -> Approval:
