@@ -157,7 +157,7 @@ def answer(tx: Tx, human: str, signal: SignalRequest, *, approve: bool) -> Signa
     if row["responder"] != human:
         raise Unauthorized(f"{address} asks {row['responder']!r} for the approval, not "
                            f"{human!r}")
-    receipt = waits.signal(tx, signal)
+    receipt = waits.signal(tx, signal, approval_answer=True)
     if receipt.result is not SignalResult.ACCEPTED:
         return receipt
     if approve:

@@ -304,3 +304,13 @@ def test_a_wait_asking_for_an_approval_names_its_responder(store, claim):
     with pytest.raises(postroom.InvalidInput) as refused:
         _ask(store, claim, responder=None)
     assert refused.value.field == "waits[0].responder"
+
+
+def test_a_signal_to_a_wait_asking_for_an_approval_is_refused(store, claim):
+    generation = _ask(store, claim)
+    before = stored(store)
+    with pytest.raises(postroom.Unauthorized, match="answer_approval"):
+        store.signal(postroom.AuthContext(principal="alice"), "relayed-yes", "refund-17",
+                     "approval", generation, {"approved": True, "approval_id": "x"})
+    assert stored(store) == before
+    assert store.receipt("alice", "relayed-yes") is None
