@@ -25,7 +25,7 @@ from postroom.models import Chain, TaskState
 from postroom.settings import Settings
 from postroom.validation import FOLLOW_UP_NAMESPACES, CheckedEnvelope
 
-__all__ = ["Placement", "admit", "charge", "get", "place"]
+__all__ = ["Placement", "admit", "cancel", "charge", "get", "place"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +37,7 @@ class Placement:
     max_hops: int
     budget_spent: str | None = None
     opens: Chain | None = None
+    cancelled: str | None = None  # why its chain was cancelled, if it was
 
 
 def place(tx: Tx, settings: Settings, checked: CheckedEnvelope
@@ -67,7 +68,8 @@ def place(tx: Tx, settings: Settings, checked: CheckedEnvelope
     spent = transitions.chain_budget_spent(tasks=chain.tasks, max_tasks=chain.max_tasks,
                                            cost=chain.cost, max_cost=chain.max_cost)
     placed = replace(checked, hops=int(parent["hops"]) + 1)
-    return placed, Placement(root_task_id=root, max_hops=chain.max_hops, budget_spent=spent)
+    return placed, Placement(root_task_id=root, max_hops=chain.max_hops, budget_spent=spent,
+                             cancelled=chain.cancel_reason if chain.cancelled_at else None)
 
 
 def _root(settings: Settings, checked: CheckedEnvelope, now: float) -> Placement:
@@ -111,6 +113,15 @@ def charge(tx: Tx, task_id: str, units: int) -> None:
     """
     if units:
         tx.change("chain_charge", task_id=task_id, units=units)
+
+
+def cancel(tx: Tx, root_task_id: str, reason: str) -> list[str]:
+    """Mark the chain of ``root_task_id`` cancelled (its row locked first, so no spawn
+    slips in after the tasks are read: the chain's new work is born cancelled) and return
+    its live tasks, for the caller to cancel each as a single cancel would."""
+    tx.change("chain_cancel", root_task_id=root_task_id, reason=reason, now=tx.now)
+    return [str(row["task_id"]) for row in tx.all("chain_live_tasks",
+                                                  root_task_id=root_task_id)]
 
 
 def get(tx: Tx, root_task_id: str) -> Chain:

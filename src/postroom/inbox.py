@@ -199,7 +199,8 @@ def _insert_tasks(tx: Tx, settings: Settings, items: Sequence[CheckedEnvelope]) 
     placed = [chains.place(tx, settings, checked) for checked in items]
     decided = [(checked, transitions.initial_state(
         deadline=checked.deadline, hops=checked.hops, max_hops=placement.max_hops, now=now,
-        not_before=checked.not_before, budget_spent=placement.budget_spent))
+        not_before=checked.not_before, budget_spent=placement.budget_spent,
+        chain_cancelled=placement.cancelled))
         for checked, placement in placed]
     rows = [_task(checked, decision, now, settings.priority_weight, placement.root_task_id)
             for (checked, decision), (_, placement) in zip(decided, placed, strict=True)]

@@ -461,6 +461,8 @@ class Chain:
     tasks: int  # tasks admitted to run, the root included
     cost: int  # units its handlers charged
     created_at: float
+    cancelled_at: float | None = None  # when its root was cancelled, with its live tasks
+    cancel_reason: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Chain:
@@ -469,7 +471,10 @@ class Chain:
                    max_hops=int(row["max_hops"]), max_tasks=int(row["max_tasks"]),
                    max_cost=None if row["max_cost"] is None else int(row["max_cost"]),
                    tasks=int(row["tasks"]), cost=int(row["cost"]),
-                   created_at=float(row["created_at"]))
+                   created_at=float(row["created_at"]),
+                   cancelled_at=(None if row["cancelled_at"] is None
+                                 else float(row["cancelled_at"])),
+                   cancel_reason=row["cancel_reason"])
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -389,11 +389,23 @@ def _log_owned(tx: Tx, message: str, claim: Claim, decision: TaskDecision, *,
 
 
 def cancel(tx: Tx, settings: Settings, task_id: str, *, reason: str) -> bool:
-    """Cancel a pending or running task (its running claim becomes fenced)."""
+    """Cancel a pending or running task (its running claim becomes fenced). Cancelling a
+    chain's root cancels its chain: every live task of it, each as a single cancel, and the
+    chain's new work is born cancelled. ``True`` if any task was cancelled."""
+    row = tx.one("task_get", task_id=task_id)
+    if row is None:
+        raise NotFound(f"no task {task_id}")
+    if (row["root_task_id"] or task_id) != task_id:
+        return _cancel_one(tx, settings, task_id, reason=reason)
+    live = chains.cancel(tx, task_id, reason)
+    return sum(_cancel_one(tx, settings, member, reason=reason) for member in live) > 0
+
+
+def _cancel_one(tx: Tx, settings: Settings, task_id: str, *, reason: str) -> bool:
     while True:
         row = tx.one("task_get", task_id=task_id)
         if row is None:
-            raise NotFound(f"no task {task_id}")
+            return False  # pruned meanwhile (a chain's member)
         state = TaskState(row["state"])
         decision = transitions.cancel(state=state, reason=reason, now=tx.now)
         if decision is None:

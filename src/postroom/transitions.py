@@ -216,11 +216,15 @@ def chain_budget_spent(*, tasks: int, max_tasks: int, cost: int,
 
 
 def initial_state(*, deadline: float, hops: int, max_hops: int, now: float,
-                  not_before: float | None = None,
-                  budget_spent: str | None = None) -> TaskDecision:
+                  not_before: float | None = None, budget_spent: str | None = None,
+                  chain_cancelled: str | None = None) -> TaskDecision:
     """A newly received task: ``pending`` (claimable from ``not_before`` if it is later than
-    now), or terminal if it can never run: its deadline passed, its hops reached its chain's
-    limit, or its chain's budget is spent (``budget_spent`` says which)."""
+    now), or terminal if it can never run: its chain was cancelled (``chain_cancelled`` says
+    why), its deadline passed, its hops reached its chain's limit, or its chain's budget is
+    spent (``budget_spent`` says which)."""
+    if chain_cancelled is not None:
+        return _terminal(TaskState.CANCELLED, now,
+                         error=f"its chain was cancelled: {chain_cancelled}")
     if deadline <= now:
         return _terminal(TaskState.EXPIRED, now,
                          error=f"deadline {deadline} had passed when it arrived at {now}")

@@ -187,3 +187,36 @@ def test_the_audit_finds_a_task_outside_its_parents_chain(store, auth, db_url):
     database_of(store).write(Write("corrupt"), lambda tx: tx.execute(
         "UPDATE tasks SET hops = 0 WHERE task_id = :task_id", {"task_id": child.task_id}))
     assert [violation.check for violation in audit_url(db_url)] == ["task_without_chain"]
+
+
+def test_cancelling_a_root_cancels_every_live_task_of_its_chain(store, auth):
+    root = store.receive(auth, envelope()).task_id
+    pending, running = _spawn(store, store.claim("w"), "a", "b")
+    claim = store.claim("w")
+    assert claim is not None and claim.task_id == pending.task_id
+    assert store.cancel(root, reason="the customer withdrew")
+    for member in (pending.task_id, running.task_id):
+        task = store.task(member)
+        assert task.state is TaskState.CANCELLED and "withdrew" in task.last_error
+        assert json.loads(store.reply(member).body)["status"] == "cancelled"
+    with pytest.raises(postroom.Fenced):  # each fenced as a single cancel is
+        store.finish(claim, "late")
+    assert store.task(root).state is TaskState.DONE
+    assert store.chain(root).cancel_reason == "the customer withdrew"
+
+
+def test_new_work_of_a_cancelled_chain_is_born_cancelled(store, auth):
+    root = store.receive(auth, envelope()).task_id
+    store.cancel(root, reason="stop")
+    linked = store.receive(auth, envelope("m-2", parent_task_id=root)).task_id
+    assert store.task(linked).state is TaskState.CANCELLED
+    assert "chain was cancelled: stop" in store.task(linked).last_error
+    assert store.claim("w") is None
+
+
+def test_cancelling_a_task_inside_a_chain_cancels_it_alone(store, auth):
+    store.receive(auth, envelope())
+    first, second = _spawn(store, store.claim("w"), "a", "b")
+    assert store.cancel(first.task_id)
+    assert store.task(second.task_id).state is TaskState.PENDING
+    assert store.chain(first.task_id).cancelled_at is None

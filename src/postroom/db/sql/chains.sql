@@ -31,3 +31,14 @@ WHERE root_task_id = (SELECT root_task_id FROM tasks WHERE task_id = :task_id)
 -- What a new task takes from the parent it names: its principal, hops and chain; kept from
 -- a concurrent prune until the transaction ends.
 SELECT task_id, principal, hops, root_task_id FROM tasks WHERE task_id = :task_id {for_share}
+
+-- name: chain_cancel
+-- Mark a chain cancelled (its root was): its new work is born cancelled.
+UPDATE chains SET cancelled_at = :now, cancel_reason = :reason
+WHERE root_task_id = :root_task_id AND cancelled_at IS NULL
+
+-- name: chain_live_tasks
+-- The live tasks of a chain, to cancel with its root.
+SELECT task_id FROM tasks
+WHERE root_task_id = :root_task_id AND state IN ({live_task_states})
+ORDER BY created_at, task_id

@@ -82,6 +82,10 @@ CREATE TABLE chains (
     max_cost      INTEGER CHECK (max_cost >= 0),
     tasks         INTEGER NOT NULL CHECK (tasks >= 0),
     cost          INTEGER NOT NULL DEFAULT 0 CHECK (cost >= 0),
+    -- Set when its root is cancelled: every live task was cancelled with it, and new work
+    -- of the chain is stored cancelled.
+    cancelled_at  REAL,
+    cancel_reason TEXT,
     created_at    REAL NOT NULL
 );
 -- Chains of the tasks already stored: the store's default budgets (4 hops, 1000 tasks, no
