@@ -305,6 +305,10 @@ class OpenWait:
     #: Ask the responder (a human) for this approval: their answer (``Store.answer_approval``)
     #: grants or denies it and signals the wait, in one transaction.
     approval: ApprovalRequest | None = None
+    #: Fan-in: postroom answers this wait itself when the last child of the finishing task
+    #: ends, with every child's outcome (``{"children": [{"task_id", "message_id", "status",
+    #: "result", "error"}, ...]}``); no principal can signal it (no ``responder``).
+    children: bool = False
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

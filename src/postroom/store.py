@@ -1036,11 +1036,19 @@ class Store:
         for index, item in enumerate(opens):
             if not isinstance(item, OpenWait):
                 raise InvalidInput(f"waits[{index}]", "must be an OpenWait")
-            checked.append(_indexed(
+            request = _indexed(
                 index, waits.check_open, self._settings, flow=item.flow, step=item.step,
                 expected_generation=item.expected_generation, deadline=item.deadline,
                 request_id=item.request_id, task_id=claim.task_id, responder=item.responder,
-                prefix="waits"))
+                prefix="waits")
+            if check_bool(item.children, f"waits[{index}].children"):
+                if item.responder is not None or item.approval is not None:
+                    raise InvalidInput(f"waits[{index}].children", "a fan-in is answered by "
+                                       "postroom alone: it names no responder or approval")
+                # The task's own reserved principal: no caller can signal it (tasks reads
+                # it as the mark of a fan-in).
+                request = replace(request, responder=follow_up_principal(claim.task_id))
+            checked.append(request)
         if len({(request.flow, request.step) for request in checked}) < len(checked):
             raise InvalidInput("waits", "two waits name the same flow and step")
         return checked

@@ -20,7 +20,13 @@ from postroom.inbox import store_message
 from postroom.models import Claim, OpenResult, Retry, Settled, TaskState, WaitOpening
 from postroom.settings import Settings
 from postroom.transitions import TaskDecision
-from postroom.validation import RETRIES, CheckedEnvelope, check_envelope
+from postroom.validation import (
+    RETRIES,
+    CheckedEnvelope,
+    canonical_json,
+    check_envelope,
+    follow_up_principal,
+)
 
 __all__ = [
     "CANCEL",
@@ -38,6 +44,7 @@ __all__ = [
     "SweepCounts",
     "after",
     "after_all",
+    "answer_fan_in",
     "apply",
     "cancel",
     "claim",
@@ -166,6 +173,8 @@ def after_all(tx: Tx, settings: Settings, moved: Sequence[tuple[Row, TaskDecisio
     for row, decision in moved:
         if decision.to_state is TaskState.PENDING and decision.available_at <= tx.now:
             tx.notify(row["queue"])
+        if decision.to_state.terminal and row["parent_task_id"] is not None:
+            answer_fan_in(tx, row["parent_task_id"])
 
 
 def fenced(tx: Tx, claim: Claim) -> Fenced:
@@ -334,8 +343,32 @@ def _with_finish(tx: Tx, settings: Settings, claim: Claim, *,
             assert request.responder is not None  # check_ask holds it
             approvals.ask(tx, opening, asks[index], task_id=claim.task_id,
                           responder=request.responder)
+        if request.responder == follow_up_principal(claim.task_id):  # a fan-in (Store._waits)
+            tx.change("fan_in_insert", task_id=claim.task_id, flow=opening.flow,
+                      step=opening.step, generation=opening.generation)
+            answer_fan_in(tx, claim.task_id)
         openings.append(opening)
     return openings
+
+
+def answer_fan_in(tx: Tx, task_id: str) -> None:
+    """If ``task_id`` waits for all of its children and none is live any more, answer its
+    wait with their outcomes (a signal from the task's own reserved principal, which no
+    caller can be): one continuation, written by whichever transaction ends the last child.
+    """
+    fan_in = tx.one("fan_in_get_locked", task_id=task_id)
+    if fan_in is None:
+        return
+    children = tx.all("fan_in_children", task_id=task_id)
+    if any(not TaskState(child["state"]).terminal for child in children):
+        return
+    outcomes = [{"task_id": child["task_id"], "message_id": child["message_id"],
+                 "status": child["state"],
+                 "result": None if child["result"] is None else json.loads(child["result"]),
+                 "error": child["last_error"]} for child in children]
+    address = waits.WaitAddress(fan_in["flow"], fan_in["step"], int(fan_in["generation"]))
+    waits.signal(tx, waits.SignalRequest(follow_up_principal(task_id), "fan-in", address,
+                                         canonical_json({"children": outcomes})))
 
 
 def finish_all(tx: Tx, settings: Settings, items: Sequence[tuple[Claim, str]]) -> None:

@@ -13,7 +13,7 @@ from postroom import Budget, FollowUp, TaskState
 from postroom.audit import audit_url
 from postroom.db.database import Write
 from postroom.validation import follow_up_principal, task_id_for
-from tests.support import SETTINGS, database_of, envelope, stored
+from tests.support import SETTINGS, START, database_of, envelope, stored
 
 MALLORY = postroom.AuthContext(principal="mallory")
 
@@ -220,3 +220,62 @@ def test_cancelling_a_task_inside_a_chain_cancels_it_alone(store, auth):
     assert store.cancel(first.task_id)
     assert store.task(second.task_id).state is TaskState.PENDING
     assert store.chain(first.task_id).cancelled_at is None
+
+
+def _fan_out(store, claim, *names):
+    (opening,) = store.finish(claim, "fanned out", follow_ups=[
+        FollowUp(message_id=name, payload={"n": 2}) for name in names],
+        waits=[postroom.OpenWait(flow="gather", step="all", deadline=START + 600,
+                                 children=True)])
+    return opening.generation
+
+
+def test_a_fan_in_continues_once_when_the_last_child_ends_with_every_outcome(store, auth):
+    store.receive(auth, envelope())
+    parent = store.claim("w")
+    generation = _fan_out(store, parent, "a", "b")
+    first = store.claim("w")
+    store.finish(first, {"sum": 1})
+    assert store.continuations() == []  # one child still runs
+    second = store.claim("w")
+    store.fail(second, "no luck", retryable=False)
+    [continuation] = store.continuations()
+    assert (continuation.kind, continuation.generation) == ("signal", generation)
+    outcomes = {child["message_id"]: (child["status"], child["result"], child["error"])
+                for child in continuation.value["children"]}
+    assert outcomes == {"a": ("done", {"sum": 1}, None), "b": ("failed", None, "no luck")}
+
+
+def test_a_fan_in_whose_children_never_run_continues_at_once(store, auth):
+    store.receive(auth, envelope(budget=Budget(tasks=1)))
+    _fan_out(store, store.claim("w"), "a")
+    [continuation] = store.continuations()
+    assert [child["status"] for child in continuation.value["children"]] == [
+        "budget_exhausted"]
+
+
+def test_no_principal_can_answer_a_fan_in(store, auth):
+    store.receive(auth, envelope())
+    parent = store.claim("w")
+    generation = _fan_out(store, parent, "a")
+    with pytest.raises(postroom.Unauthorized):
+        store.signal(auth, "fake", "gather", "all", generation, {"children": []})
+    assert store.continuations() == []
+
+
+def test_a_fan_in_names_no_responder(store, auth):
+    store.receive(auth, envelope())
+    with pytest.raises(postroom.InvalidInput) as refused:
+        store.finish(store.claim("w"), "x", waits=[postroom.OpenWait(
+            flow="gather", step="all", deadline=START + 600, children=True,
+            responder="alice")])
+    assert refused.value.field == "waits[0].children"
+
+
+def test_a_fan_in_cancelled_with_its_chain_continues_with_the_cancellations(store, auth):
+    root = store.receive(auth, envelope()).task_id
+    _fan_out(store, store.claim("w"), "a", "b")
+    store.cancel(root, reason="stop")
+    [continuation] = store.continuations()
+    assert [child["status"] for child in continuation.value["children"]] == [
+        "cancelled", "cancelled"]

@@ -305,6 +305,14 @@ class Context:
         """The cost units charged so far."""
         return self._charged
 
+    def wait_for_children(self, flow: str, step: str, deadline: float, *,
+                          expected_generation: int = 0) -> None:
+        """Fan-in: when this task finishes, wait (``flow``, ``step``) for every child it
+        spawns; postroom answers the wait when the last one ends, with all their outcomes,
+        and the wait's resumer continues the flow once (a timeout at ``deadline``)."""
+        self._waits.append(OpenWait(flow=flow, step=step, deadline=deadline,
+                                    expected_generation=expected_generation, children=True))
+
     def request_approval(self, flow: str, step: str, deadline: float, *, responder: str,
                          action: str, resource: str, data: Any, expires_at: float,
                          max_uses: int = 1, expected_generation: int = 0) -> None:

@@ -42,3 +42,19 @@ WHERE root_task_id = :root_task_id AND cancelled_at IS NULL
 SELECT task_id FROM tasks
 WHERE root_task_id = :root_task_id AND state IN ({live_task_states})
 ORDER BY created_at, task_id
+
+-- name: fan_in_insert
+-- A task waits for all of its children with this wait generation.
+INSERT INTO fan_ins (task_id, flow, step, generation)
+VALUES (:task_id, :flow, :step, :generation)
+
+-- name: fan_in_get_locked
+-- The fan-in of a task, if it has one, locked: children ending at once count one after the
+-- other, so the last one to commit sees every other one ended.
+SELECT * FROM fan_ins WHERE task_id = :task_id {for_update}
+
+-- name: fan_in_children
+-- A task's children and how each ended (NULL while live), oldest first.
+SELECT task_id, message_id, state, result, last_error FROM tasks
+WHERE parent_task_id = :task_id
+ORDER BY created_at, task_id

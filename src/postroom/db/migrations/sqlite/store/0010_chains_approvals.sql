@@ -169,3 +169,14 @@ CREATE TABLE approval_requests (
     answered_at   REAL,
     PRIMARY KEY (flow, step, generation)
 );
+
+-- Fan-in: a task that finished spawning children waits (flow, step, generation) for all of
+-- them; when the last one ends, postroom answers the wait with their outcomes.
+CREATE TABLE fan_ins (
+    task_id     TEXT PRIMARY KEY,
+    flow        TEXT NOT NULL,
+    step        TEXT NOT NULL,
+    generation  INTEGER NOT NULL
+);
+-- A fan-in counts its task's children.
+CREATE INDEX tasks_by_parent ON tasks (parent_task_id) WHERE parent_task_id IS NOT NULL;
