@@ -588,7 +588,9 @@ class Attempt:
 class TaskStory:
     """A task's whole durable story, read in one snapshot: the task; each attempt to run it
     (owner, fence, start, end, how it ended); its reply and each attempt to deliver it; the
-    operators' requeues of that reply; and the waits it opened."""
+    operators' requeues of that reply; the waits it opened; its chain (root, budgets, what
+    it spent; its own parent and hops are the task's); and the side effects it committed,
+    each with the approval use it consumed."""
 
     task: Task
     attempts: list[Attempt]
@@ -596,6 +598,8 @@ class TaskStory:
     deliveries: list[Attempt]
     requeues: list[Requeue]
     waits: list[Wait]
+    chain: Chain | None = None
+    side_effects: list[CommittedEffect] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -314,3 +314,12 @@ def test_a_signal_to_a_wait_asking_for_an_approval_is_refused(store, claim):
                      "approval", generation, {"approved": True, "approval_id": "x"})
     assert stored(store) == before
     assert store.receipt("alice", "relayed-yes") is None
+
+
+def test_a_tasks_story_shows_its_chain_and_the_approval_its_side_effect_used(store, claim):
+    _grant(store)
+    store.finish(claim, "refunded", side_effects=[_refund()])
+    story = store.story(claim.task_id)
+    assert story.chain is not None and story.chain.root_task_id == claim.task_id
+    assert [(effect.approval_id, effect.use_number) for effect in story.side_effects] == [
+        ("refund-17", 1)]
