@@ -41,6 +41,8 @@ CHECKS: dict[str, tuple[str, ...]] = {
         "continuation_effect_mismatch", "effect_task_mismatch", "wait_decided_after_high_water",
         "schedule_next_not_after_last", "schedule_task_ahead", "schedule_last_task_mismatch",
         "schedule_task_identity",
+        "chain_over_budget", "task_without_chain", "approval_uses_mismatch",
+        "side_effect_unapproved",
     ),
     "receiver": (
         "effect_without_receipt", "duplicate_effects", "receipt_without_effect",

@@ -1,11 +1,14 @@
 """``postroom demo waits``: a durable flow asks a human, survives restarts, continues once.
 
-A task asks alice to approve a refund and waits with a deadline. Nobody answers in time, so
-the sweeper times the question out and the flow asks again; the store restarts between every
-act; the answer arrives, then its duplicate, then a late answer to the first question; the
-process that resumes the flow dies right after its commit; and the follow-up task still runs
-exactly once. Each line prints what the database durably says. Time is a manual clock;
-the processes that ask and that die are real.
+A task asks alice to approve a refund (an approval request: a wait addressed to her) with a
+deadline. Nobody answers in time, so the sweeper times the question out and the flow asks
+again; the store restarts between every act. A forged ``"human_approved": true`` payload and
+a relayed "she said yes" signal are refused; alice's answer grants the approval record and
+signals the wait in one transaction; then its duplicate and a late answer to the first
+question arrive; the process that resumes the flow dies right after its commit; and the
+follow-up task issues the refund exactly once, by consuming the approval in its finish.
+Each line prints what the database durably says. Time is a manual clock; the processes
+that ask and that die are real.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from pathlib import Path
 
 from postroom.clock import ManualClock
 from postroom.demo import Checks
-from postroom.models import AuthContext, Envelope, FollowUp
+from postroom.errors import NotApproved, Unauthorized
+from postroom.models import AuthContext, Envelope, FollowUp, SideEffect
 from postroom.store import Store
 
 __all__ = ["run_waits_demo"]
@@ -26,19 +30,24 @@ __all__ = ["run_waits_demo"]
 _START = 1_767_225_600.0  # 2026-01-01T00:00:00Z, so the printed times are readable
 
 FLOW, STEP = "refund-17", "approval"
-_ALICE = AuthContext(principal="alice")
+#: Alice, as the trusted adapter (the service, after her token) presents her: a human.
+_ALICE = AuthContext(principal="alice", role="human")
+_REFUND = {"amount": 120, "currency": "EUR"}
 
-# The asking worker, in its own process: claim the task, ask the question (open the wait),
-# finish the task, and exit. Nothing of the question lives on in any process's memory.
+# The asking worker, in its own process: claim the task, and finish it asking alice for the
+# approval of the refund (the wait opens in the finish's transaction), then exit. Nothing of
+# the question lives on in any process's memory.
 _ASKER = """
 import sys
-from postroom import ManualClock, open_store
+from postroom import ApprovalRequest, ManualClock, OpenWait, open_store
 url, now, expected, deadline = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 store = open_store(url, clock=ManualClock(now))
 claim = store.claim("asker", queues="asks")
-opening = store.open_wait("refund-17", "approval", expected, deadline, task_id=claim.task_id,
-                          request_id=f"ask-{claim.task_id[:12]}")
-store.finish(claim, {"asked": "alice", "generation": opening.generation})
+ask = ApprovalRequest(action="refund", resource="customer:17",
+                      data={"amount": 120, "currency": "EUR"}, expires_at=deadline + 3600)
+[opening] = store.finish(claim, {"asked": "alice"}, waits=[OpenWait(
+    flow="refund-17", step="approval", deadline=deadline, expected_generation=expected,
+    request_id=f"ask-{claim.task_id[:12]}", responder="alice", approval=ask)])
 print(opening.result, opening.generation, flush=True)
 """
 
@@ -125,35 +134,70 @@ def _story(echo: Callable[[str], None], url: str) -> bool:
 
     store = restart()
     clock.set(_START + 420)
-    answer = store.signal(_ALICE, "mail-2", FLOW, STEP, 2, {"approve": True})
-    echo(f"7. answer      {at(clock.now())} (after a restart): alice's mail-2 answers "
-         f"generation 2: {answer.result}\n               {wait_row(2)}")
-    check(answer.result == "accepted", "the answer accepted")
+    forged = store.receive(AuthContext(principal="planner"), Envelope(
+        message_id="refund-17-forged", sender="planner", queue="refunds",
+        payload={"refund": 17, "human_approved": True, "approved_by": "alice"},
+        deadline=_START + 7200))
+    held = store.claim("refund-worker", queues="refunds")
+    refusal = ""
+    if held is not None:
+        try:
+            store.finish(held, {"refunded": 120}, side_effects=[SideEffect(
+                action="refund", resource="customer:17", data=_REFUND)])
+        except NotApproved as exc:
+            refusal = exc.reason
+            store.fail(held, f"not approved: {exc.reason}", retryable=False)
+    echo(f"7. forged      {at(clock.now())} (after a restart): a task whose payload says "
+         f"human_approved: true tries the refund: "
+         f"NotApproved ({refusal.split(' (')[0]}); {store.task(forged.task_id).state}, "
+         f"nothing refunded")
+    check(bool(refusal) and not store.side_effects(forged.task_id), "a payload is no approval")
+
+    relayed = ""
+    try:
+        store.signal(AuthContext(principal="alice"), "relayed-yes", FLOW, STEP, 2,
+                     {"approved": True})
+    except Unauthorized as exc:
+        relayed = str(exc)
+    echo(f"8. relayed     a signal relaying \"she said yes\" to the approval request: "
+         f"Unauthorized ({relayed.split(': ', 1)[-1]})")
+    check(bool(relayed) and store.receipt("alice", "relayed-yes") is None,
+          "a signal is no approval")
+
+    answer = store.answer_approval(_ALICE, "mail-2", FLOW, STEP, 2, approve=True)
+    approval_id = store.continuations()[0].value["approval_id"]
+    approval = store.approval(approval_id)
+    echo(f"9. answer      alice (a human) answers the approval request of "
+         f"generation 2: {answer.result}\n               {wait_row(2)}\n               "
+         f"approval {approval.action} {approval.resource} {approval.data} granted by "
+         f"{approval.granted_by}, uses {approval.uses} of {approval.max_uses}")
+    check(answer.result == "accepted" and approval.granted_by == "alice",
+          "the answer accepted, the approval granted")
 
     high_water = store.info()["time_high_water"]
     clock.set(_START + 480)
-    duplicate = store.signal(_ALICE, "mail-2", FLOW, STEP, 2, {"approve": True})
+    duplicate = store.answer_approval(_ALICE, "mail-2", FLOW, STEP, 2, approve=True)
     unmoved = store.info()["time_high_water"] == high_water
-    echo(f"8. duplicate   the mail gateway retries mail-2: {duplicate.result} of "
+    echo(f"10. duplicate  the mail gateway retries mail-2: {duplicate.result} of "
          f"{duplicate.recorded}; time high-water unchanged: {unmoved}")
     check(duplicate.result == "replay" and duplicate.recorded == "accepted" and unmoved,
           "a replay that writes nothing")
 
-    stale = store.signal(_ALICE, "mail-1", FLOW, STEP, 1, {"approve": False})
-    echo(f"9. stale       alice's late reply to the first question (mail-1, generation 1): "
+    stale = store.answer_approval(_ALICE, "mail-1", FLOW, STEP, 1, approve=True)
+    echo(f"11. stale      alice's late reply to the first question (mail-1, generation 1): "
          f"{stale.result}\n               {wait_row(2)}")
     check(stale.result == "stale_generation" and store.wait(FLOW, STEP).event_id == "mail-2",
-          "the old answer wakes nothing")
+          "the old answer wakes nothing, grants nothing")
 
     store = restart()
     [pending] = store.continuations()
-    echo(f"10. restart    reopen: one continuation to resume: {pending.kind} "
+    echo(f"12. restart    reopen: one continuation to resume: {pending.kind} "
          f"{pending.value}")
 
     died = process(_RESUMER, clock.now())
     store = restart()
     left = store.continuations()
-    echo(f"11. resume     a process resumes it and dies right after the commit (exit code "
+    echo(f"13. resume     a process resumes it and dies right after the commit (exit code "
          f"{died.returncode}); after a restart: continuations {len(left)}")
     check(died.returncode == 73 and not left, "consumed by the process that died")
 
@@ -161,20 +205,28 @@ def _story(echo: Callable[[str], None], url: str) -> bool:
         message_id="apply-refund", queue="refunds",
         payload={"refund": 17, "approval": pending.value}))
     follow_up = store.task(retried.task_id or "")
-    echo(f"12. retry      the same resume again: {retried.result}; follow-up apply-refund "
+    echo(f"14. retry      the same resume again: {retried.result}; follow-up apply-refund "
          f"{follow_up.state}, hops {follow_up.hops}")
     check(retried.result == "replay" and follow_up.hops == 2, "the same single follow-up")
 
     claim = store.claim("refund-worker", queues="refunds")
     if claim is not None:
-        store.finish(claim, {"refunded": 120})
+        store.finish(claim, {"refunded": 120}, side_effects=[SideEffect(
+            action="refund", resource="customer:17", data=_REFUND,
+            approval_id=claim.payload["approval"]["approval_id"])])
     second = store.claim("refund-worker", queues="refunds")
-    echo(f"13. follow-up  refund-worker runs apply-refund with payload {claim and claim.payload}"
+    effects = store.side_effects(follow_up.task_id)
+    used = store.approval(approval_id)
+    echo(f"15. follow-up  refund-worker runs apply-refund with payload {claim and claim.payload}"
          f": {store.task(follow_up.task_id).state}; another claim finds "
-         f"{'nothing' if second is None else second.task_id}")
-    check(claim is not None and second is None, "the follow-up ran exactly once")
+         f"{'nothing' if second is None else second.task_id}\n               the refund "
+         f"commits with its finish, consuming the approval (uses {used.uses} of "
+         f"{used.max_uses}): {len(effects)} side effect record, issued from it after the "
+         f"commit")
+    check(claim is not None and second is None and len(effects) == 1 and used.uses == 1,
+          "the follow-up ran exactly once, its refund approved once")
     info = store.info()
     store.close()
 
-    return check.closing_audit("14. audit      ", [url],
+    return check.closing_audit("16. audit      ", [url],
                                f"(waits {info['waits']}, tasks {info['tasks']})")

@@ -4,7 +4,8 @@ Every error postroom raises on purpose is a ``PostroomError``::
 
     PostroomError
     ├── Unauthorized            (also PermissionError)  the principal may not do this
-    │   └── BadSignature                                a webhook's signature or timestamp fails
+    │   ├── BadSignature                                a webhook's signature or timestamp fails
+    │   └── NotApproved                                 a side effect has no usable approval
     ├── InvalidInput            (also ValueError)       refused before any write; names the field
     │   └── InvalidEnvelope                             ... for a field of an Envelope
     ├── Conflict                                        same identity, different meaning
@@ -42,6 +43,7 @@ __all__ = [
     "Fenced",
     "InvalidEnvelope",
     "InvalidInput",
+    "NotApproved",
     "NotFound",
     "OutcomeUnknown",
     "PayloadCollision",
@@ -67,6 +69,18 @@ class Unauthorized(PostroomError, PermissionError):
 class BadSignature(Unauthorized):
     """A webhook's ``webhook-signature`` matches none of the receiver's secrets, or its
     ``webhook-timestamp`` is outside the tolerated window: the request is not believed."""
+
+
+class NotApproved(Unauthorized):
+    """A side effect found no usable human approval of its action, resource and data: none
+    granted, or the one named expired, revoked, used up, or granted for another resource or
+    other data. The finish that declared it wrote nothing. ``reason`` says which."""
+
+    def __init__(self, action: str, resource: str, reason: str) -> None:
+        self.action = action
+        self.resource = resource
+        self.reason = reason
+        super().__init__(f"side effect {action!r} on {resource!r} is not approved: {reason}")
 
 
 class InvalidInput(PostroomError, ValueError):

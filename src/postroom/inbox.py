@@ -6,8 +6,8 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from postroom import log, outbox, transitions
-from postroom.db.database import Tx, Write
+from postroom import chains, log, outbox, transitions
+from postroom.db.database import NotAllApplied, Tx, Write
 from postroom.errors import (
     InvalidEnvelope,
     InvalidInput,
@@ -162,9 +162,12 @@ def _stored(tx: Tx, checked: CheckedEnvelope) -> bool:
 def store_all(tx: Tx, settings: Settings, items: Sequence[CheckedEnvelope]) -> list[Ack]:
     """``store_message`` for a batch of new messages, one statement per table.
 
-    Raises ``NotAllApplied`` if any identity is already stored (or given twice):
-    ``store_message`` item by item then tells duplicates from collisions.
+    Raises ``NotAllApplied`` if any identity is already stored (or given twice), or if one
+    names a parent (which may be another item of the batch): ``store_message`` item by item
+    then tells duplicates from collisions, and links each to its parent's chain in order.
     """
+    if any(checked.parent_task_id is not None for checked in items):
+        raise NotAllApplied("task_parent")
     tx.change_each("inbox_insert", [_inbox(checked, tx.now) for checked in items])
     _insert_tasks(tx, settings, items)
     return [Ack(task_id=checked.task_id, duplicate=False) for checked in items]
@@ -177,7 +180,7 @@ def _inbox(checked: CheckedEnvelope, now: float) -> dict[str, object]:
 
 
 def _task(checked: CheckedEnvelope, decision: TaskDecision, now: float,
-          priority_weight: float) -> dict[str, object]:
+          priority_weight: float, root_task_id: str) -> dict[str, object]:
     return {"task_id": checked.task_id, "principal": checked.principal,
             "message_id": checked.message_id, "queue": checked.queue,
             "state": decision.to_state.value, "payload": checked.payload,
@@ -187,18 +190,23 @@ def _task(checked: CheckedEnvelope, decision: TaskDecision, now: float,
             "result": decision.result, "last_error": decision.last_error, "now": now,
             "available_at": decision.available_at, "not_before": checked.not_before,
             "priority": checked.priority, "priority_weight": priority_weight,
-            "retry_of": checked.retry_of}
+            "retry_of": checked.retry_of, "root_task_id": root_task_id}
 
 
 def _insert_tasks(tx: Tx, settings: Settings, items: Sequence[CheckedEnvelope]) -> None:
     """Create the tasks of newly stored messages, with the replies of born-terminal ones."""
     now = tx.now
+    placed = [chains.place(tx, settings, checked) for checked in items]
     decided = [(checked, transitions.initial_state(
-        deadline=checked.deadline, hops=checked.hops, max_hops=settings.max_hops, now=now,
-        not_before=checked.not_before)) for checked in items]
-    rows = [_task(checked, decision, now, settings.priority_weight)
-            for checked, decision in decided]
+        deadline=checked.deadline, hops=checked.hops, max_hops=placement.max_hops, now=now,
+        not_before=checked.not_before, budget_spent=placement.budget_spent,
+        chain_cancelled=placement.cancelled))
+        for checked, placement in placed]
+    rows = [_task(checked, decision, now, settings.priority_weight, placement.root_task_id)
+            for (checked, decision), (_, placement) in zip(decided, placed, strict=True)]
     tx.change_many("task_insert", rows)
+    chains.admit(tx, [(placement, decision.to_state)
+                      for (_, placement), (_, decision) in zip(placed, decided, strict=True)])
     outbox.insert_replies(tx, settings, [
         (row, decision.to_state, decision.reply_result)
         for row, (_, decision) in zip(rows, decided, strict=True)

@@ -61,6 +61,8 @@ TASK_TRANSITIONS: tuple[Transition[TaskState], ...] = (
     Transition(None, "received", TaskState.PENDING),
     Transition(None, "received past deadline", TaskState.EXPIRED),
     Transition(None, "received at hop limit", TaskState.HOP_LIMIT),
+    Transition(None, "received past its chain's budget", TaskState.BUDGET_EXHAUSTED),
+    Transition(None, "received into a cancelled chain", TaskState.CANCELLED),
     Transition(TaskState.PENDING, "claim", TaskState.RUNNING),
     Transition(TaskState.RUNNING, "finish", TaskState.DONE),
     Transition(TaskState.RUNNING, "fail, retryable", TaskState.PENDING),

@@ -11,10 +11,15 @@ from typing import Any, Generic, TypeVar
 
 __all__ = [
     "Ack",
+    "Approval",
+    "ApprovalRequest",
     "Attempt",
     "AttemptOutcome",
     "AuthContext",
+    "Budget",
+    "Chain",
     "Claim",
+    "CommittedEffect",
     "Continuation",
     "ContinuationKind",
     "DispatchReport",
@@ -48,6 +53,7 @@ __all__ = [
     "Schedule",
     "Settled",
     "Settlement",
+    "SideEffect",
     "SignalReceipt",
     "SignalResult",
     "StoreStatus",
@@ -71,7 +77,8 @@ class TaskState(StrEnum):
     FAILED = "failed"  # attempts exhausted or a non-retryable failure
     CANCELLED = "cancelled"  # cancelled while pending or running
     EXPIRED = "expired"  # the absolute deadline passed before it finished
-    HOP_LIMIT = "hop_limit"  # arrived with hops >= the store's max_hops
+    HOP_LIMIT = "hop_limit"  # arrived with hops >= its chain's max_hops
+    BUDGET_EXHAUSTED = "budget_exhausted"  # its chain had spent its task or cost budget
 
     @property
     def terminal(self) -> bool:
@@ -94,9 +101,100 @@ class AuthContext:
 
     Building one is not authentication: an HTTP server builds it only after checking a bearer
     token; an in-process caller builds it for itself. Never deserialize one from a request.
+    ``role`` is the principal's role as the adapter knows it (``"agent"``, ``"worker"``,
+    ``"human"``, ``"operator"``; ``None``: not said): only a ``"human"`` grants approvals.
     """
 
     principal: str
+    role: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SideEffect:
+    """A side effect a task declares with its finish: ``action`` on ``resource`` carrying
+    ``data`` (JSON). The finish commits only if a human's approval of exactly that action,
+    resource and data is usable then (``approval_id``, or any matching one), consuming one
+    of its uses in the same transaction; the effect is then performed from the committed
+    record, never by the handler before it."""
+
+    action: str
+    resource: str
+    data: Any
+    approval_id: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Approval:
+    """A human's approval as stored: what it allows, how often, until when, and its uses."""
+
+    approval_id: str
+    action: str
+    resource: str
+    data: Any
+    data_digest: str  # SHA-256 of the canonical JSON of ``data``
+    max_uses: int
+    uses: int
+    expires_at: float
+    granted_by: str  # the human principal that granted it
+    requested_by: str  # who asked for it
+    granted_at: float
+    revoked_at: float | None = None
+    revoked_by: str | None = None
+    revoke_reason: str | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Approval:
+        """Build from an ``approvals`` row."""
+        return cls(approval_id=row["approval_id"], action=row["action"],
+                   resource=row["resource"], data=json.loads(row["data"]),
+                   data_digest=row["data_digest"], max_uses=int(row["max_uses"]),
+                   uses=int(row["uses"]), expires_at=float(row["expires_at"]),
+                   granted_by=row["granted_by"], requested_by=row["requested_by"],
+                   granted_at=float(row["granted_at"]),
+                   revoked_at=None if row["revoked_at"] is None else float(row["revoked_at"]),
+                   revoked_by=row["revoked_by"], revoke_reason=row["revoke_reason"])
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CommittedEffect:
+    """A side effect as committed with its task's finish: the record the external effect is
+    performed from, with the approval use it consumed."""
+
+    task_id: str
+    number: int  # its place among the task's side effects, from 1
+    action: str
+    resource: str
+    data: Any
+    approval_id: str
+    use_number: int  # which use of the approval it was, from 1
+    created_at: float
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> CommittedEffect:
+        """Build from a ``side_effects`` row."""
+        return cls(task_id=row["task_id"], number=int(row["number"]), action=row["action"],
+                   resource=row["resource"], data=json.loads(row["data"]),
+                   approval_id=row["approval_id"], use_number=int(row["use_number"]),
+                   created_at=float(row["created_at"]))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Budget:
+    """What a chain's root asks its chain to stay within: at most ``hops`` hops from the
+    root, ``tasks`` tasks admitted to run, ``cost`` units charged by its handlers.
+
+    Each may only lower the store's setting (``max_hops``, ``max_chain_tasks``,
+    ``max_chain_cost``); a larger one leaves the store's, and ``None`` takes it.
+    """
+
+    hops: int | None = None
+    tasks: int | None = None
+    cost: int | None = None
+
+    def to_dict(self) -> dict[str, int]:
+        """The budgets given, by name (those left ``None`` are not in it)."""
+        return {name: value for name, value in (("cost", self.cost), ("hops", self.hops),
+                                                ("tasks", self.tasks)) if value is not None}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -119,10 +217,15 @@ class Envelope:
     #: -10..10, higher first: a level is worth ``Settings.priority_weight`` seconds of
     #: waiting, so a lower priority is never starved (see ``Settings.priority_weight``).
     priority: int = 0
+    #: The chain's budgets, lowered for the chain this envelope starts (a root only: one
+    #: naming ``parent_task_id`` is in its parent's chain and refused with a budget).
+    budget: Budget | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The envelope's fields as a plain dict."""
         return {
+            "budget": None if self.budget is None else (
+                self.budget.to_dict() if isinstance(self.budget, Budget) else self.budget),
             "message_id": self.message_id,
             "sender": self.sender,
             "payload": self.payload,
@@ -177,6 +280,18 @@ class FollowUp:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ApprovalRequest:
+    """What a task asks a human to approve, with the wait it opens: ``action`` on
+    ``resource`` carrying ``data``, ``max_uses`` times, until ``expires_at``."""
+
+    action: str
+    resource: str
+    data: Any
+    expires_at: float
+    max_uses: int = 1
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class OpenWait:
     """A wait to open with a task's ``finish``, in the same transaction: the task is done,
     and the flow waits for the outside world's answer (SPEC §10).
@@ -191,6 +306,13 @@ class OpenWait:
     expected_generation: int = 0
     request_id: str | None = None
     responder: str | None = None
+    #: Ask the responder (a human) for this approval: their answer (``Store.answer_approval``)
+    #: grants or denies it and signals the wait, in one transaction.
+    approval: ApprovalRequest | None = None
+    #: Fan-in: postroom answers this wait itself when the last child of the finishing task
+    #: ends, with every child's outcome (``{"children": [{"task_id", "message_id", "status",
+    #: "result", "error"}, ...]}``); no principal can signal it (no ``responder``).
+    children: bool = False
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -228,6 +350,10 @@ class Finished:
     result: Any = None
     follow_ups: Sequence[FollowUp] = ()
     waits: Sequence[OpenWait] = ()
+    #: Cost units charged to the task's chain, committed with the finish.
+    charge: int = 0
+    #: Side effects committed with the finish, each consuming a human's approval.
+    side_effects: Sequence[SideEffect] = ()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -297,6 +423,7 @@ class Task:
     not_before: float | None = None  # not claimable before this time (``None``: at once)
     priority: int = 0  # -10..10, higher first (see ``Settings.priority_weight``)
     retry_of: str | None = None  # the task an operator's re-run repeats
+    root_task_id: str | None = None  # the root of its chain (itself for a root)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Task:
@@ -326,7 +453,36 @@ class Task:
             not_before=None if row["not_before"] is None else float(row["not_before"]),
             priority=int(row["priority"]),
             retry_of=row["retry_of"],
+            root_task_id=row["root_task_id"],
         )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Chain:
+    """A task chain as stored: its root, budgets and what it has spent."""
+
+    root_task_id: str
+    principal: str  # the principal that sent the root
+    max_hops: int
+    max_tasks: int
+    max_cost: int | None  # ``None``: no cost budget
+    tasks: int  # tasks admitted to run, the root included
+    cost: int  # units its handlers charged
+    created_at: float
+    cancelled_at: float | None = None  # when its root was cancelled, with its live tasks
+    cancel_reason: str | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Chain:
+        """Build from a ``chains`` row."""
+        return cls(root_task_id=row["root_task_id"], principal=row["principal"],
+                   max_hops=int(row["max_hops"]), max_tasks=int(row["max_tasks"]),
+                   max_cost=None if row["max_cost"] is None else int(row["max_cost"]),
+                   tasks=int(row["tasks"]), cost=int(row["cost"]),
+                   created_at=float(row["created_at"]),
+                   cancelled_at=(None if row["cancelled_at"] is None
+                                 else float(row["cancelled_at"])),
+                   cancel_reason=row["cancel_reason"])
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -436,7 +592,9 @@ class Attempt:
 class TaskStory:
     """A task's whole durable story, read in one snapshot: the task; each attempt to run it
     (owner, fence, start, end, how it ended); its reply and each attempt to deliver it; the
-    operators' requeues of that reply; and the waits it opened."""
+    operators' requeues of that reply; the waits it opened; its chain (root, budgets, what
+    it spent; its own parent and hops are the task's); and the side effects it committed,
+    each with the approval use it consumed."""
 
     task: Task
     attempts: list[Attempt]
@@ -444,6 +602,8 @@ class TaskStory:
     deliveries: list[Attempt]
     requeues: list[Requeue]
     waits: list[Wait]
+    chain: Chain | None = None
+    side_effects: list[CommittedEffect] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

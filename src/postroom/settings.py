@@ -8,7 +8,13 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from postroom.errors import InvalidInput
-from postroom.validation import DEFAULT_LIMITS, FOLLOW_UP_NAMESPACES, Limits, check_text
+from postroom.validation import (
+    DEFAULT_LIMITS,
+    FOLLOW_UP_NAMESPACES,
+    MAX_CHAIN_BUDGET,
+    Limits,
+    check_text,
+)
 
 __all__ = ["DEFAULT_RETENTION", "DELIVERY_BUDGETS", "LEASES", "MAX_RETENTION", "Backoff",
            "ExponentialBackoff", "FixedBackoff", "Settings", "check_lease", "check_retention"]
@@ -82,8 +88,15 @@ class Settings:
 
     #: Seconds a claim holds a task before the lease must be renewed.
     lease: float = 30.0
-    #: Messages arriving with ``hops >= max_hops`` are stored as ``hop_limit``.
+    #: Messages arriving with ``hops >= max_hops`` are stored as ``hop_limit``; a chain's
+    #: hops count from its root (a root's envelope may lower it for its chain).
     max_hops: int = 4
+    #: Tasks a chain (its root and everything spawned from it) may admit to run; the rest of
+    #: its new work is stored ``budget_exhausted``. A root's envelope may lower it.
+    max_chain_tasks: int = 1000
+    #: Cost units a chain's handlers may charge (``ctx.charge``) before its new work is
+    #: stored ``budget_exhausted``; ``None``: no cost budget unless a root's envelope sets one.
+    max_chain_cost: int | None = None
     #: Delivery attempts per reply before it is ``dead`` (business attempts count apart).
     delivery_budget: int = 3
     #: Seconds a publisher holds a reply it is delivering.
@@ -126,9 +139,17 @@ class Settings:
         for name, value, low, high in (("max_hops", self.max_hops, 1, 1024),
                                        ("delivery_budget", self.delivery_budget, budgets[0],
                                         budgets[-1]),
-                                       ("sweep_limit", self.sweep_limit, 1, 100_000)):
+                                       ("sweep_limit", self.sweep_limit, 1, 100_000),
+                                       ("max_chain_tasks", self.max_chain_tasks, 1,
+                                        MAX_CHAIN_BUDGET)):
             if type(value) is not int or not low <= value <= high:
                 raise InvalidInput(name, f"must be an int in {low}..{high}, got {value!r}")
+        if self.max_chain_cost is not None and (
+                type(self.max_chain_cost) is not int
+                or not 0 <= self.max_chain_cost <= MAX_CHAIN_BUDGET):
+            raise InvalidInput("max_chain_cost", f"must be None or an int in "
+                                                 f"0..{MAX_CHAIN_BUDGET}, got "
+                                                 f"{self.max_chain_cost!r}")
         if self.allowed_sources is not None:
             if not isinstance(self.allowed_sources, frozenset):
                 raise InvalidInput("allowed_sources", "must be a frozenset of principals")

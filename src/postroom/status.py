@@ -33,6 +33,8 @@ from postroom.inbox import principal_of
 from postroom.models import (
     Attempt,
     AuthContext,
+    Chain,
+    CommittedEffect,
     Observation,
     Page,
     QueueStatus,
@@ -110,7 +112,15 @@ def story(tx: Tx, task_id: str) -> TaskStory:
         reply=None if found is None else Reply.from_row(found),
         deliveries=[] if found is None else Attempt.list_from(found["history"]),
         requeues=requeues(tx, reply_id_for(task_id)),
-        waits=[Wait.from_row(wait) for wait in tx.all("waits_of_task", task_id=task_id)])
+        waits=[Wait.from_row(wait) for wait in tx.all("waits_of_task", task_id=task_id)],
+        chain=_chain(tx, row["root_task_id"] or task_id),
+        side_effects=[CommittedEffect.from_row(effect)
+                      for effect in tx.all("side_effects_of", task_id=task_id)])
+
+
+def _chain(tx: Tx, root_task_id: str) -> Chain | None:
+    found = tx.one("chain_get", root_task_id=root_task_id)
+    return None if found is None else Chain.from_row(found)
 
 
 def info(tx: Tx, settings: Settings, *, schema_version: int, settings_from: str

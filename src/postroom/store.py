@@ -13,7 +13,9 @@ from dataclasses import replace
 from typing import Any
 
 from postroom import (
+    approvals,
     audit,
+    chains,
     endpoints,
     inbox,
     outbox,
@@ -42,8 +44,11 @@ from postroom.errors import (
 )
 from postroom.models import (
     Ack,
+    Approval,
     AuthContext,
+    Chain,
     Claim,
+    CommittedEffect,
     Continuation,
     DispatchReport,
     Endpoint,
@@ -67,6 +72,7 @@ from postroom.models import (
     Retry,
     Settled,
     Settlement,
+    SideEffect,
     SignalReceipt,
     StoreStatus,
     Swept,
@@ -81,6 +87,7 @@ from postroom.settings import Settings, check_lease, check_retention
 from postroom.transports import Transport
 from postroom.validation import (
     MAX_BATCH,
+    MAX_CHAIN_BUDGET,
     MAX_DELAY,
     REPLY_ID_BYTES,
     TASK_ID_BYTES,
@@ -230,23 +237,33 @@ class Store:
         return self._db.write(tasks.RENEW, lambda tx: tasks.renew(tx, claim, lease=seconds))
 
     def finish(self, claim: Claim, result: Any = None, *, follow_ups: Sequence[FollowUp] = (),
-               waits: Sequence[OpenWait] = ()) -> list[WaitOpening]:
+               waits: Sequence[OpenWait] = (), charge: int = 0,
+               side_effects: Sequence[SideEffect] = ()) -> list[WaitOpening]:
         """Mark the task done with ``result``; its reply, its follow-ups and its waits commit
         with it, in one transaction.
 
         A task that asks the outside world finishes by opening its wait (``OpenWait``, whose
         ``task_id`` is this task): the answer later resumes the flow with a follow-up of this
-        task. Returns the openings, in order. Raises ``Fenced`` if the claim is no longer
-        current and ``WaitNotOpened`` if a wait cannot open; either way nothing is written.
+        task. ``charge`` cost units are charged to the task's chain first, so its follow-ups
+        see what the chain has left: those past a budget are stored ``budget_exhausted`` (or
+        ``hop_limit``) with their replies, and never run. Each of ``side_effects`` consumes a
+        use of a human's approval of exactly its action, resource and data, and is recorded
+        with it (``side_effects``): the external effect is performed from that record after
+        the commit. Returns the openings, in order. Raises ``Fenced`` if the claim is no
+        longer current, ``NotApproved`` if a side effect has no usable approval and
+        ``WaitNotOpened`` if a wait cannot open; in each case nothing is written.
         """
         check_claim(claim)
         result_json = check_json(result, "result", limits=self._settings.limits,
                                  require_object=False)
         children = self._follow_ups(claim, follow_ups)
         opens = self._waits(claim, waits)
+        units = _charge(charge)
+        effects = self._effects(side_effects)
+        asks = self._asks(waits)
         return self._db.write(tasks.FINISH, lambda tx: tasks.finish(
             tx, self._settings, claim, result_json=result_json, follow_ups=children,
-            opens=opens))
+            opens=opens, charge=units, effects=effects, asks=asks))
 
     def finish_batch(self, items: Iterable[tuple[Claim, Any]]) -> None:
         """Finish several claims in one transaction; if any is fenced, none is finished."""
@@ -349,7 +366,10 @@ class Store:
                 decide=lambda now: transitions.finish(result_json=result_json, now=now),
                 follow_ups=self._follow_ups(claim, check_batch(outcome.follow_ups,
                                                                "follow_ups")),
-                opens=self._waits(claim, check_batch(outcome.waits, "waits")))
+                opens=self._waits(claim, check_batch(outcome.waits, "waits")),
+                asks=self._asks(check_batch(outcome.waits, "waits")),
+                charge=_charge(outcome.charge),
+                effects=self._effects(check_batch(outcome.side_effects, "side_effects")))
         if isinstance(outcome, Failed):
             claim = check_claim(outcome.claim)
             reason = check_text(outcome.reason, "reason", max_bytes=4096)
@@ -585,6 +605,17 @@ class Store:
         no such task."""
         check_text(task_id, "task_id", max_bytes=TASK_ID_BYTES)
         return self._db.read(lambda tx: status.story(tx, task_id))
+
+    def chain(self, task_id: str) -> Chain:
+        """The chain ``task_id`` belongs to (its root, budgets and what it spent);
+        ``NotFound`` if there is no such task."""
+        check_text(task_id, "task_id", max_bytes=TASK_ID_BYTES)
+
+        def read(tx: Tx) -> Chain:
+            task = status.task(tx, task_id)
+            return chains.get(tx, task.root_task_id or task.task_id)
+
+        return self._db.read(read)
 
     def reply(self, task_id: str) -> Reply | None:
         """The reply of task ``task_id``, or ``None`` while the task is not terminal."""
@@ -940,6 +971,65 @@ class Store:
             waits.check_address(self._settings, flow, step, generation)
         return self._db.read(lambda tx: waits.get_wait(tx, flow, step, generation))
 
+    # -- human approvals of side effects ----------------------------------------------------
+
+    def grant_approval(self, auth: AuthContext, approval_id: str, *, action: str,
+                       resource: str, data: Any, expires_at: float, requested_by: str,
+                       max_uses: int = 1) -> Approval:
+        """Record a human's approval: ``action`` on ``resource`` carrying exactly ``data``,
+        at most ``max_uses`` times, until ``expires_at``, asked for by ``requested_by``.
+
+        Only a principal whose trusted adapter gave it the ``human`` role grants
+        (``Unauthorized`` otherwise, nothing written). The grant is a durable event; a retry
+        of the same grant returns the stored approval, the same ``approval_id`` with other
+        terms is a ``PayloadCollision``.
+        """
+        request = approvals.check_grant(
+            self._settings, auth, approval_id=approval_id, action=action, resource=resource,
+            data=data, expires_at=expires_at, requested_by=requested_by, max_uses=max_uses)
+        return self._db.write(approvals.GRANT, lambda tx: approvals.grant(tx, request))
+
+    def revoke_approval(self, auth: AuthContext, approval_id: str, *, reason: str) -> bool:
+        """Revoke an approval (its granter, or an operator): no use commits after this does.
+        ``False`` if it was revoked already; ``NotFound`` if there is none."""
+        principal = inbox.principal_of(self._settings, auth)
+        check_text(approval_id, "approval_id", max_bytes=self._settings.limits.text_bytes)
+        check_text(reason, "reason", max_bytes=4096)
+        return self._db.write(approvals.REVOKE, lambda tx: approvals.revoke(
+            tx, auth, principal, approval_id, reason))
+
+    def answer_approval(
+            self, auth: AuthContext, event_id: str, flow: str, step: str, generation: int,
+            *, approve: bool) -> SignalReceipt:
+        """The addressed human answers the approval a wait generation asks for: in one
+        transaction the wait is signaled (``{"approved": ..., "approval_id": ...}``, so the
+        flow resumes exactly once) and, when ``approve`` and the signal is ``accepted``, the
+        approval is granted (``approvals.request_approval_id``), requested by the asking
+        task. Only the wait's responder, with the human role, answers (``Unauthorized``,
+        nothing written); a replay, a late or a stale answer grants nothing. ``NotFound`` if
+        the generation asks for no approval."""
+        human = approvals.check_human(self._settings, auth)
+        check_bool(approve, "approve")
+        address = waits.check_address(self._settings, flow, step, generation)
+        value = {"approved": approve,
+                 "approval_id": (approvals.request_approval_id(
+                     address.flow, address.step, address.generation) if approve else None)}
+        request = waits.check_signal(self._settings, auth, event_id=event_id, flow=flow,
+                                     step=step, generation=generation, value=value)
+        return self._db.write(approvals.ANSWER, lambda tx: approvals.answer(
+            tx, human, request, approve=approve))
+
+    def approval(self, approval_id: str) -> Approval:
+        """The approval ``approval_id`` as stored; ``NotFound`` if there is none."""
+        check_text(approval_id, "approval_id", max_bytes=self._settings.limits.text_bytes)
+        return self._db.read(lambda tx: approvals.get(tx, approval_id))
+
+    def side_effects(self, task_id: str) -> list[CommittedEffect]:
+        """The side effects ``task_id`` committed with its finish, each with the approval use
+        it consumed: what the external effect is performed from."""
+        check_text(task_id, "task_id", max_bytes=TASK_ID_BYTES)
+        return self._db.read(lambda tx: approvals.side_effects(tx, task_id))
+
     # -- reading: the store's status and its listings -------------------------------------------
 
     def status(self) -> StoreStatus:
@@ -1092,14 +1182,32 @@ class Store:
         for index, item in enumerate(opens):
             if not isinstance(item, OpenWait):
                 raise InvalidInput(f"waits[{index}]", "must be an OpenWait")
-            checked.append(_indexed(
+            request = _indexed(
                 index, waits.check_open, self._settings, flow=item.flow, step=item.step,
                 expected_generation=item.expected_generation, deadline=item.deadline,
                 request_id=item.request_id, task_id=claim.task_id, responder=item.responder,
-                prefix="waits"))
+                prefix="waits")
+            if check_bool(item.children, f"waits[{index}].children"):
+                if item.responder is not None or item.approval is not None:
+                    raise InvalidInput(f"waits[{index}].children", "a fan-in is answered by "
+                                       "postroom alone: it names no responder or approval")
+                # The task's own reserved principal: no caller can signal it (tasks reads
+                # it as the mark of a fan-in).
+                request = replace(request, responder=follow_up_principal(claim.task_id))
+            checked.append(request)
         if len({(request.flow, request.step) for request in checked}) < len(checked):
             raise InvalidInput("waits", "two waits name the same flow and step")
         return checked
+
+    def _asks(self, opens: Sequence[OpenWait]) -> dict[int, approvals.CheckedAsk]:
+        """The approval requests of ``opens`` (already checked by ``_waits``), by index."""
+        return {index: _indexed(index, approvals.check_ask, self._settings, item.approval,
+                                item.responder, prefix="waits")
+                for index, item in enumerate(opens) if item.approval is not None}
+
+    def _effects(self, effects: Sequence[SideEffect]) -> list[approvals.CheckedEffect]:
+        return [approvals.check_effect(self._settings, effect, f"side_effects[{index}]")
+                for index, effect in enumerate(effects)]
 
     def _follow_ups(self, claim: Claim, follow_ups: Sequence[FollowUp]) -> list[CheckedEnvelope]:
         seen: set[str] = set()
@@ -1206,6 +1314,10 @@ def _per_queue(per_queue: object, names: Sequence[str]) -> dict[str, int]:
             raise InvalidInput("per_queue", f"{queue!r} is not one of the queues claimed")
         caps[queue] = check_int(cap, f"per_queue[{queue!r}]", low=0, high=MAX_BATCH)
     return caps
+
+
+def _charge(units: object) -> int:
+    return check_int(units, "charge", low=0, high=MAX_CHAIN_BUDGET)
 
 
 def _delay(delay: object) -> float:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from postroom import log, outbox, transitions, waits
+from postroom import approvals, chains, log, outbox, transitions, waits
 from postroom.db.database import NotAllApplied, Tx, Write
 from postroom.db.dialect import Row
 from postroom.errors import Conflict, Fenced, NotFound, PostroomError, WaitNotOpened
@@ -21,7 +21,13 @@ from postroom.models import Claim, OpenResult, Retry, Settled, TaskState, WaitOp
 from postroom.queues import free_slots
 from postroom.settings import Settings
 from postroom.transitions import TaskDecision
-from postroom.validation import RETRIES, CheckedEnvelope, check_envelope
+from postroom.validation import (
+    RETRIES,
+    CheckedEnvelope,
+    canonical_json,
+    check_envelope,
+    follow_up_principal,
+)
 
 __all__ = [
     "CANCEL",
@@ -39,6 +45,7 @@ __all__ = [
     "SweepCounts",
     "after",
     "after_all",
+    "answer_fan_in",
     "apply",
     "cancel",
     "claim",
@@ -167,6 +174,8 @@ def after_all(tx: Tx, settings: Settings, moved: Sequence[tuple[Row, TaskDecisio
     for row, decision in moved:
         if decision.to_state is TaskState.PENDING and decision.available_at <= tx.now:
             tx.notify(row["queue"])
+        if decision.to_state.terminal and row["parent_task_id"] is not None:
+            answer_fan_in(tx, row["parent_task_id"])
 
 
 def fenced(tx: Tx, claim: Claim) -> Fenced:
@@ -303,21 +312,66 @@ def renew(tx: Tx, claim: Claim, *, lease: float) -> Claim:
 
 def finish(tx: Tx, settings: Settings, claim: Claim, *, result_json: str,
            follow_ups: Sequence[CheckedEnvelope] = (),
-           opens: Sequence[waits.OpenRequest] = ()) -> list[WaitOpening]:
-    """Mark the task done, write its reply, create its follow-ups and open its waits,
-    atomically; ``WaitNotOpened`` (and nothing written) if one of the waits cannot open."""
+           opens: Sequence[waits.OpenRequest] = (), charge: int = 0,
+           effects: Sequence[approvals.CheckedEffect] = (),
+           asks: Mapping[int, approvals.CheckedAsk] | None = None) -> list[WaitOpening]:
+    """Mark the task done, write its reply, consume an approval for each side effect and
+    record it, charge its chain ``charge`` cost units, create its follow-ups (within what
+    the chain has left) and open its waits, atomically; ``NotApproved`` or
+    ``WaitNotOpened`` (and nothing written) if a side effect has no usable approval or a
+    wait cannot open."""
     decision = transitions.finish(result_json=result_json, now=tx.now)
     _apply_owned(tx, settings, claim, decision)
     _log_owned(tx, "task finished", claim, decision)
+    return _with_finish(tx, settings, claim, follow_ups=follow_ups, opens=opens,
+                        charge=charge, effects=effects, asks=asks or {})
+
+
+def _with_finish(tx: Tx, settings: Settings, claim: Claim, *,
+                 follow_ups: Sequence[CheckedEnvelope], opens: Sequence[waits.OpenRequest],
+                 charge: int, effects: Sequence[approvals.CheckedEffect],
+                 asks: Mapping[int, approvals.CheckedAsk]) -> list[WaitOpening]:
+    """What commits with a finish, after its task moved: its side effects with their
+    approvals' uses, then the charge, so that its follow-ups see what the chain has left."""
+    approvals.consume(tx, claim.task_id, effects)
+    chains.charge(tx, claim.task_id, charge)
     for follow_up in follow_ups:
         store_message(tx, settings, follow_up)
     openings = []
-    for request in opens:
+    for index, request in enumerate(opens):
         opening = waits.open_wait(tx, request)
         if opening.result is not OpenResult.OPENED:
             raise WaitNotOpened(opening)
+        if index in asks:
+            assert request.responder is not None  # check_ask holds it
+            approvals.ask(tx, opening, asks[index], task_id=claim.task_id,
+                          responder=request.responder)
+        if request.responder == follow_up_principal(claim.task_id):  # a fan-in (Store._waits)
+            tx.change("fan_in_insert", task_id=claim.task_id, flow=opening.flow,
+                      step=opening.step, generation=opening.generation)
+            answer_fan_in(tx, claim.task_id)
         openings.append(opening)
     return openings
+
+
+def answer_fan_in(tx: Tx, task_id: str) -> None:
+    """If ``task_id`` waits for all of its children and none is live any more, answer its
+    wait with their outcomes (a signal from the task's own reserved principal, which no
+    caller can be): one continuation, written by whichever transaction ends the last child.
+    """
+    fan_in = tx.one("fan_in_get_locked", task_id=task_id)
+    if fan_in is None:
+        return
+    children = tx.all("fan_in_children", task_id=task_id)
+    if any(not TaskState(child["state"]).terminal for child in children):
+        return
+    outcomes = [{"task_id": child["task_id"], "message_id": child["message_id"],
+                 "status": child["state"],
+                 "result": None if child["result"] is None else json.loads(child["result"]),
+                 "error": child["last_error"]} for child in children]
+    address = waits.WaitAddress(fan_in["flow"], fan_in["step"], int(fan_in["generation"]))
+    waits.signal(tx, waits.SignalRequest(follow_up_principal(task_id), "fan-in", address,
+                                         canonical_json({"children": outcomes})))
 
 
 def finish_all(tx: Tx, settings: Settings, items: Sequence[tuple[Claim, str]]) -> None:
@@ -371,11 +425,23 @@ def _log_owned(tx: Tx, message: str, claim: Claim, decision: TaskDecision, *,
 
 
 def cancel(tx: Tx, settings: Settings, task_id: str, *, reason: str) -> bool:
-    """Cancel a pending or running task (its running claim becomes fenced)."""
+    """Cancel a pending or running task (its running claim becomes fenced). Cancelling a
+    chain's root cancels its chain: every live task of it, each as a single cancel, and the
+    chain's new work is born cancelled. ``True`` if any task was cancelled."""
+    row = tx.one("task_get", task_id=task_id)
+    if row is None:
+        raise NotFound(f"no task {task_id}")
+    if (row["root_task_id"] or task_id) != task_id:
+        return _cancel_one(tx, settings, task_id, reason=reason)
+    live = chains.cancel(tx, task_id, reason)
+    return sum(_cancel_one(tx, settings, member, reason=reason) for member in live) > 0
+
+
+def _cancel_one(tx: Tx, settings: Settings, task_id: str, *, reason: str) -> bool:
     while True:
         row = tx.one("task_get", task_id=task_id)
         if row is None:
-            raise NotFound(f"no task {task_id}")
+            return False  # pruned meanwhile (a chain's member)
         state = TaskState(row["state"])
         decision = transitions.cancel(state=state, reason=reason, now=tx.now)
         if decision is None:
@@ -399,6 +465,9 @@ class Settling:
     follow_ups: Sequence[CheckedEnvelope] = ()
     opens: Sequence[waits.OpenRequest] = ()
     message: str = "task settled"
+    charge: int = 0  # cost units charged to the task's chain
+    effects: Sequence[approvals.CheckedEffect] = ()  # side effects, each needing an approval
+    asks: Mapping[int, approvals.CheckedAsk] = field(default_factory=dict)  # by wait index
 
 
 def settle(tx: Tx, settings: Settings, items: Sequence[Settling]) -> list[Settled]:
@@ -413,7 +482,7 @@ def settle(tx: Tx, settings: Settings, items: Sequence[Settling]) -> list[Settle
     now = tx.now
     settled: dict[int, Settled] = {}
     plain = [(index, item, item.decide(now)) for index, item in enumerate(items)
-             if not item.follow_ups and not item.opens]
+             if not (item.follow_ups or item.opens or item.charge or item.effects)]
     rows = tx.one_each("task_apply_owned", [_owned(item.claim, decision, now, settings)
                                             for _, item, decision in plain])
     moved: list[tuple[Row, TaskDecision]] = []
@@ -435,14 +504,9 @@ def settle(tx: Tx, settings: Settings, items: Sequence[Settling]) -> list[Settle
         try:
             with tx.savepoint():
                 _apply_owned(tx, settings, item.claim, decision)
-                for follow_up in item.follow_ups:
-                    store_message(tx, settings, follow_up)
-                openings = []
-                for request in item.opens:
-                    opening = waits.open_wait(tx, request)
-                    if opening.result is not OpenResult.OPENED:
-                        raise WaitNotOpened(opening)
-                    openings.append(opening)
+                openings = _with_finish(tx, settings, item.claim, follow_ups=item.follow_ups,
+                                        opens=item.opens, charge=item.charge,
+                                        effects=item.effects, asks=item.asks)
         except PostroomError as exc:
             settled[index] = Settled(task_id=item.claim.task_id, error=exc)
             continue

@@ -38,6 +38,7 @@ __all__ = [
     "WaitEnd",
     "altered_claim",
     "cancel",
+    "chain_budget_spent",
     "change_retention",
     "deadline_passed",
     "delivery",
@@ -204,16 +205,34 @@ def _terminal(state: TaskState, now: float, *, result: str | None = None,
                         reply_result=result_json, ended=ended)
 
 
+def chain_budget_spent(*, tasks: int, max_tasks: int, cost: int,
+                       max_cost: int | None) -> str | None:
+    """Why a chain admits no more work (naming the budget), or ``None`` while it may."""
+    if tasks >= max_tasks:
+        return f"the chain's task budget is spent: {tasks} of {max_tasks} tasks admitted"
+    if max_cost is not None and cost >= max_cost:
+        return f"the chain's cost budget is spent: {cost} of {max_cost} units charged"
+    return None
+
+
 def initial_state(*, deadline: float, hops: int, max_hops: int, now: float,
-                  not_before: float | None = None) -> TaskDecision:
+                  not_before: float | None = None, budget_spent: str | None = None,
+                  chain_cancelled: str | None = None) -> TaskDecision:
     """A newly received task: ``pending`` (claimable from ``not_before`` if it is later than
-    now), or terminal if it can never run."""
+    now), or terminal if it can never run: its chain was cancelled (``chain_cancelled`` says
+    why), its deadline passed, its hops reached its chain's limit, or its chain's budget is
+    spent (``budget_spent`` says which)."""
+    if chain_cancelled is not None:
+        return _terminal(TaskState.CANCELLED, now,
+                         error=f"its chain was cancelled: {chain_cancelled}")
     if deadline <= now:
         return _terminal(TaskState.EXPIRED, now,
                          error=f"deadline {deadline} had passed when it arrived at {now}")
     if hops >= max_hops:
         return _terminal(TaskState.HOP_LIMIT, now,
                          error=f"hops {hops} reached the limit of {max_hops}")
+    if budget_spent is not None:
+        return _terminal(TaskState.BUDGET_EXHAUSTED, now, error=budget_spent)
     available = now if not_before is None else max(now, not_before)
     return TaskDecision(to_state=TaskState.PENDING, available_at=available)
 

@@ -97,6 +97,11 @@ FOLLOW_UP_NAMESPACES = (TASK_FOLLOW_UPS, WAIT_FOLLOW_UPS, RETRIES, SCHEDULED)
 #: Priorities run from -PRIORITY_LIMIT to PRIORITY_LIMIT (higher first).
 PRIORITY_LIMIT = 10
 
+#: The largest task or cost budget a chain can have.
+MAX_CHAIN_BUDGET = 2**31 - 1
+#: The budgets a chain's root may lower, by name.
+CHAIN_BUDGETS = ("cost", "hops", "tasks")
+
 #: The most UTF-8 bytes a ``task_id`` argument may have (ids are 64 hex characters).
 TASK_ID_BYTES = 128
 
@@ -474,6 +479,8 @@ class CheckedEnvelope:
     priority: int = 0
     #: The task this one runs again (an operator's re-run), never from an envelope.
     retry_of: str | None = None
+    #: The chain budgets a root's envelope asks for (``CHAIN_BUDGETS`` names), if any.
+    budget: Mapping[str, int] | None = None
 
 
 def check_envelope(principal: str, envelope: Mapping[str, object], *,
@@ -508,6 +515,10 @@ def check_envelope(principal: str, envelope: Mapping[str, object], *,
                               f"could never run")
     priority = check_int(envelope.get("priority", 0), "priority", low=-PRIORITY_LIMIT,
                          high=PRIORITY_LIMIT, error=e)
+    budget = _budget(envelope.get("budget"))
+    if budget is not None and parent_task_id is not None:
+        raise e("budget", "only a chain's root sets its budget: this envelope names a "
+                          "parent_task_id, so it joins the parent's chain and its budget")
     document: dict[str, object] = {
         "message_id": message_id,
         "sender": sender,
@@ -525,6 +536,8 @@ def check_envelope(principal: str, envelope: Mapping[str, object], *,
         document["not_before"] = not_before
     if priority:
         document["priority"] = priority
+    if budget is not None:
+        document["budget"] = budget
     # The payload is already canonical text: splice it in where its key sorts (just before
     # "priority" when there is one, else before "queue", which every envelope has) instead of
     # encoding it a second time. A quote in any value is escaped, so the key can only be the
@@ -550,7 +563,25 @@ def check_envelope(principal: str, envelope: Mapping[str, object], *,
         requester=principal,
         not_before=not_before,
         priority=priority,
+        budget=budget,
     )
+
+
+def _budget(value: object) -> dict[str, int] | None:
+    """A root's chain budgets: an object naming some of ``CHAIN_BUDGETS`` (hops from 1, tasks
+    from 1, cost from 0), or ``None``."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidEnvelope("budget", f"must be an object or None, got {type(value).__name__}")
+    budget: dict[str, int] = {}
+    for name, amount in value.items():
+        if name not in CHAIN_BUDGETS:
+            raise InvalidEnvelope("budget", f"names {name!r}; a chain's budgets are "
+                                            f"{', '.join(CHAIN_BUDGETS)}")
+        budget[name] = check_int(amount, f"budget.{name}", low=0 if name == "cost" else 1,
+                                 high=MAX_CHAIN_BUDGET, error=InvalidEnvelope)
+    return budget or None
 
 
 def _optional_text(value: object, field: str, limits: Limits) -> str | None:

@@ -299,10 +299,13 @@ def _replayed_opening(request: OpenRequest, earlier: Row) -> WaitOpening:
                        generation=generation, replay=True)
 
 
-def signal(tx: Tx, request: SignalRequest) -> SignalReceipt:
+def signal(tx: Tx, request: SignalRequest, *, approval_answer: bool = False) -> SignalReceipt:
     """Decide a signal: replay or conflict of a known event, else a new receipt.
 
-    The receipt, the terminal state and the continuation commit together.
+    The receipt, the terminal state and the continuation commit together. A wait that asks
+    for an approval takes only its human's answer (``approval_answer``, from
+    ``approvals.answer``): a plain signal to it, a relayed "they said yes", is
+    ``Unauthorized`` before any receipt is written.
     """
     key = {"principal": request.principal, "event_id": request.event_id}
     stored = tx.one("wait_receipt_get", **key)
@@ -315,6 +318,11 @@ def signal(tx: Tx, request: SignalRequest) -> SignalReceipt:
     if row is not None and row["responder"] not in (None, request.principal):
         raise Unauthorized(f"{address} waits for an answer from {row['responder']!r}, not "
                            f"from {request.principal!r}")
+    if row is not None and not approval_answer and tx.one(
+            "approval_request_get", flow=address.flow, step=address.step,
+            generation=address.generation) is not None:
+        raise Unauthorized(f"{address} asks for an approval: only its human's answer "
+                           f"(answer_approval) counts, never a signal")
     if address.generation != current:
         row = None
     decision = transitions.signal_wait(

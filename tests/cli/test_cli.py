@@ -190,10 +190,13 @@ def test_demo_waits_tells_the_durable_flow_and_succeeds():
     out = result.stdout
     for evidence in ("open_wait -> opened 1", "generation 1: waiting", "times out 1 wait",
                      "hops 1, parent refund-17: True", "open_wait -> opened 2",
-                     "generation 2: accepted", "replay of accepted",
+                     "human_approved: true tries the refund: NotApproved",
+                     "she said yes\" to the approval request: Unauthorized",
+                     "generation 2: accepted", "granted by alice", "replay of accepted",
                      "time high-water unchanged: True", "stale_generation",
                      "exit code 73", "continuations 0", "resume again: replay",
-                     "another claim finds nothing", "audit      clean", "every step held"):
+                     "another claim finds nothing", "consuming the approval (uses 1 of 1)",
+                     "audit      clean", "every step held"):
         assert evidence in out, evidence
 
 

@@ -164,6 +164,10 @@ def test_an_upgrade_routes_earlier_replies_from_their_tasks_and_keeps_their_bodi
             root: "planner", child: "planner"}
         assert {store.reply(task_id).requester for task_id in (root, child)} == {"planner"}
         assert all('"requester"' not in body for body in bodies.values())  # untouched
+        # Version 10 gives earlier tasks their chain: the root's, with its row.
+        assert {store.task(task_id).root_task_id for task_id in (root, child)} == {root}
+        assert (store.chain(child).root_task_id, store.chain(child).principal) == (
+            root, "planner")
     assert audit_url(url) == []
 
 

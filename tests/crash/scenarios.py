@@ -25,12 +25,15 @@ import pytest
 
 import postroom
 from postroom import Fenced, NotFound, Outcome, ReplyState, TaskState
+from postroom.approvals import request_approval_id
 from postroom.audit import audit_url
 from postroom.db import Database, dialect_for_url
 from postroom.settings import DEFAULT_RETENTION
 from postroom.store import inspect_store
 from postroom.transitions import FLOOR_MARGIN, reply_id_for
 from tests.crash.world import AUTH, RESULT, Refusing, World, task_id
+from tests.harness.steps import HUMAN as REFUND_HUMAN
+from tests.harness.steps import REFUND as REFUND_EFFECT
 from tests.support import SETTINGS, START, envelope, latest_schema
 
 TASK = task_id("m-1")
@@ -441,6 +444,116 @@ class Limit(CommitCrash):
         world.dispatch()
 
 
+# -- human approvals --------------------------------------------------------------------------
+
+
+class Grant(CommitCrash):
+    """A human's grant dies committing: the approval and its event, or neither; the retried
+    grant is the same approval, and the side effect then consumes it once."""
+
+    def steps(self, world: World) -> Sequence[Call]:
+        return [call("grant", approval_id="refund-17", expires_at=START + 600)]
+
+    def left_nothing(self, world: World) -> None:
+        with pytest.raises(NotFound):
+            world.store.approval("refund-17")
+
+    def left_everything(self, world: World) -> None:
+        assert world.store.approval("refund-17").uses == 0
+
+    def retry(self, world: World) -> None:
+        _grant(world)
+        claim = world.store.claim("w-restarted")
+        assert claim is not None
+        world.store.finish(claim, RESULT, side_effects=[REFUND_EFFECT])
+        assert world.store.approval("refund-17").uses == 1
+        world.dispatch()
+
+
+class Revoke(CommitCrash):
+    """A revocation dies committing: after it, the side effect is refused (nothing written);
+    before it, the retried revocation refuses it all the same."""
+
+    def setup(self, world: World) -> None:
+        world.receive()
+        _grant(world)
+
+    def steps(self, world: World) -> Sequence[Call]:
+        return [call("revoke", approval_id="refund-17")]
+
+    def left_nothing(self, world: World) -> None:
+        assert world.store.approval("refund-17").revoked_at is None
+
+    def left_everything(self, world: World) -> None:
+        assert world.store.approval("refund-17").revoked_by == "alice"
+
+    def retry(self, world: World) -> None:
+        assert world.store.revoke_approval(REFUND_HUMAN, "refund-17",
+                                           reason="again") is not self.committed
+        claim = world.store.claim("w-restarted")
+        assert claim is not None
+        with pytest.raises(postroom.NotApproved):
+            world.store.finish(claim, RESULT, side_effects=[REFUND_EFFECT])
+        world.store.finish(claim, RESULT)
+        world.dispatch()
+
+
+class Answer(CommitCrash):
+    """The human's answer dies committing: the grant and the wait's signal, or neither. The
+    retried answer is accepted (or replayed), the flow resumes once, and the follow-up's side
+    effect consumes the approval once."""
+
+    def setup(self, world: World) -> None:
+        world.receive()
+        claim = world.store.claim("w-asker")
+        assert claim is not None
+        world.store.finish(claim, RESULT, waits=[postroom.OpenWait(
+            flow="refund-m-1", step="approval", deadline=START + 600, responder="alice",
+            approval=postroom.ApprovalRequest(action=REFUND_EFFECT.action,
+                                              resource=REFUND_EFFECT.resource,
+                                              data=REFUND_EFFECT.data,
+                                              expires_at=START + 3600))])
+
+    def steps(self, world: World) -> Sequence[Call]:
+        return [call("answer_approval", event_id="yes-1", flow="refund-m-1", step="approval",
+                     generation=1, approve=True)]
+
+    def left_nothing(self, world: World) -> None:
+        assert world.store.continuations() == []
+        with pytest.raises(NotFound):
+            world.store.approval(_REQUESTED)
+
+    def left_everything(self, world: World) -> None:
+        assert len(world.store.continuations()) == 1
+        assert world.store.approval(_REQUESTED).granted_by == "alice"
+
+    def retry(self, world: World) -> None:
+        receipt = world.store.answer_approval(REFUND_HUMAN, "yes-1", "refund-m-1", "approval",
+                                              1, approve=True)
+        assert receipt.result is (postroom.SignalResult.REPLAY if self.committed
+                                  else postroom.SignalResult.ACCEPTED)
+        follow_up = world.store.resume("refund-m-1", "approval", 1, postroom.FollowUp(
+            message_id="issue", payload={"refund": 17}))
+        assert follow_up.task_id is not None
+        world.expected.append(follow_up.task_id)
+        claim = world.store.claim("w-restarted")
+        assert claim is not None and claim.task_id == follow_up.task_id
+        world.store.finish(claim, RESULT, side_effects=[postroom.SideEffect(
+            action=REFUND_EFFECT.action, resource=REFUND_EFFECT.resource,
+            data=REFUND_EFFECT.data, approval_id=_REQUESTED)])
+        assert world.store.approval(_REQUESTED).uses == 1
+        world.dispatch()
+
+
+_REQUESTED = request_approval_id("refund-m-1", "approval", 1)
+
+
+def _grant(world: World) -> None:
+    world.store.grant_approval(REFUND_HUMAN, "refund-17", action=REFUND_EFFECT.action,
+                               resource=REFUND_EFFECT.resource, data=REFUND_EFFECT.data,
+                               expires_at=START + 600, requested_by="planner")
+
+
 class Sweep(CommitCrash):
     """A sweeper dies recovering a dead worker's expired lease."""
 
@@ -683,6 +796,9 @@ CRASHES: dict[str, Crash] = {
     **commits("queue.resume", ResumeQueue),
     **commits("queue.limit", Limit),
     **commits("sweep", Sweep),
+    **commits("grant_approval", Grant),
+    **commits("revoke_approval", Revoke),
+    **commits("answer_approval", Answer),
     **commits("requeue", Requeue),
     **commits("prune", Prune),
     **commits("publish", FirstPublication),

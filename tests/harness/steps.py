@@ -133,6 +133,45 @@ def _retry_many(ctx: Context, state: str) -> list[str]:
     return [rerun.new_task_id for rerun in reruns if isinstance(rerun, Retry)]
 
 
+# -- human approvals ------------------------------------------------------------------------
+
+#: The approval the approval steps grant, revoke and use (alice's refund of customer 17).
+HUMAN = postroom.AuthContext(principal="alice", role="human")
+REFUND = postroom.SideEffect(action="refund", resource="customer:17",
+                             data={"amount": 40, "currency": "EUR"})
+
+
+@step("grant")
+def _grant(ctx: Context, approval_id: str, expires_at: float, max_uses: int = 1
+           ) -> postroom.Approval:
+    return ctx.store.grant_approval(HUMAN, approval_id, action=REFUND.action,
+                                    resource=REFUND.resource, data=REFUND.data,
+                                    expires_at=expires_at, requested_by="planner",
+                                    max_uses=max_uses)
+
+
+@step("revoke")
+def _revoke(ctx: Context, approval_id: str) -> bool:
+    return ctx.store.revoke_approval(HUMAN, approval_id, reason="test")
+
+
+@step("answer_approval")
+def _answer_approval(ctx: Context, event_id: str, flow: str, step: str, generation: int, *,
+                     approve: bool) -> postroom.SignalReceipt:
+    return ctx.store.answer_approval(HUMAN, event_id, flow, step, generation, approve=approve)
+
+
+@step("finish_refund")
+def _finish_refund(ctx: Context) -> str | None:
+    """Finish the held claim with the refund as its side effect; ``None`` if it committed,
+    else the refusal's class (``NotApproved``: nothing written)."""
+    try:
+        ctx.store.finish(ctx.held, "refunded", side_effects=[REFUND])
+    except postroom.NotApproved:
+        return "NotApproved"
+    return None
+
+
 @step("pause")
 def _pause(ctx: Context, queue: str) -> bool:
     return ctx.store.pause_queue(queue, operator="op", reason="test")

@@ -123,6 +123,24 @@ def test_follow_ups_and_a_wait_commit_with_the_finish(store):
     assert (wait.task_id, wait.responder, wait.state) == (task_id, "alice", "waiting")
 
 
+def test_a_handlers_charges_commit_with_its_finish_and_spend_the_chains_cost(store):
+    app = App()
+
+    @app.handler("default")
+    def costly(payload: dict[str, object], ctx: Context) -> str:
+        ctx.charge(2)
+        ctx.charge(1)
+        ctx.spawn("next", {"n": 1}, queue="later")
+        return "charged"
+
+    task_id = send(store, "m-1", budget=postroom.Budget(cost=3))
+    with running(store, app) as worker:
+        eventually(lambda: worker.stats.done == 1)
+    assert store.chain(task_id).cost == 3
+    (child,) = store.list_tasks(queue="later").items
+    assert child.state is TaskState.BUDGET_EXHAUSTED
+
+
 def test_a_coroutine_handler_runs_on_the_event_loop(store):
     app = App()
 

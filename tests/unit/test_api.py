@@ -3,7 +3,8 @@
 import postroom
 
 PUBLIC = [
-    "__version__", "Ack", "Attempt", "AttemptOutcome", "AuthContext", "BatchFailed", "Claim",
+    "__version__", "Ack", "Attempt", "AttemptOutcome", "AuthContext", "BatchFailed", "Budget",
+    "Chain", "Claim",
     "Clock", "Conflict", "Continuation", "ContinuationKind", "DeliveryError", "DispatchReport",
     "Envelope", "ExpireResult", "ExponentialBackoff", "Failed", "Fenced", "Finished",
     "FixedBackoff", "FollowUp", "InProcessTransport", "InvalidEnvelope", "InvalidInput", "Limits",
@@ -16,6 +17,8 @@ PUBLIC = [
     "StoreUnavailable", "Swept", "SystemClock", "Task", "TaskState", "TaskStory", "Timeline",
     "TransientDeliveryError", "Transport", "Unauthorized", "Wait", "Waiter", "WaitNotOpened",
     "WaitOpening", "WaitState",
+    # chains and approvals
+    "Approval", "ApprovalRequest", "CommittedEffect", "NotApproved", "SideEffect",
     # endpoints and webhooks
     "AddressRefused", "BadSignature", "Endpoint", "EndpointSecret", "Schedule",
     # periodic schedules

@@ -99,9 +99,11 @@ ATTEMPTS = [(attempt, limit) for attempt, limit in product((1, 2, 3), (1, 2, 3))
 
 def task_moves() -> list[Made]:
     running = {TaskState(state) for state in guards("task_apply_owned")}  # the owner's calls
-    received = {t.initial_state(deadline=deadline, hops=hops, max_hops=4,
-                                now=NOW).to_state
-                for deadline, hops in product((NOW - 1, NOW, NOW + 1), (0, 3, 4, 5))}
+    received = {t.initial_state(deadline=deadline, hops=hops, max_hops=4, now=NOW,
+                                budget_spent=spent, chain_cancelled=cancelled).to_state
+                for deadline, hops, spent, cancelled in product(
+                    (NOW - 1, NOW, NOW + 1), (0, 3, 4, 5), (None, "the task budget"),
+                    (None, "by its root"))}
     failed = {t.fail(attempt=attempt, max_attempts=limit, retryable=retryable,
                      reason="r", now=NOW, delay=1.0).to_state
               for (attempt, limit), retryable in product(ATTEMPTS, (True, False))}
@@ -110,7 +112,9 @@ def task_moves() -> list[Made]:
     cancelled = {(state, decision.to_state) for state in TaskState
                  if (decision := t.cancel(state=state, reason="r", now=NOW))}
     return [
-        made("initial_state", ("received", "received past deadline", "received at hop limit"),
+        made("initial_state", ("received", "received past deadline", "received at hop limit",
+                               "received past its chain's budget",
+                               "received into a cancelled chain"),
              {(None, target) for target in received}),
         statement("claim_tasks", ("claim",), TaskState),
         made("finish", ("finish",),
@@ -265,8 +269,9 @@ def test_the_ends_of_replies_and_waits():
     # A dead reply is no end: an operator may requeue it (SPEC §4).
     assert machines.REPLY_MACHINE.terminal() == (ReplyState.SENT,)
     assert machines.WAIT_MACHINE.terminal() == (WaitState.SIGNALED, WaitState.TIMED_OUT)
-    assert machines.TASK_MACHINE.initial() == (TaskState.PENDING, TaskState.EXPIRED,
-                                               TaskState.HOP_LIMIT)
+    assert machines.TASK_MACHINE.initial() == (TaskState.PENDING, TaskState.CANCELLED,
+                                               TaskState.EXPIRED, TaskState.HOP_LIMIT,
+                                               TaskState.BUDGET_EXHAUSTED)
     assert machines.REPLY_MACHINE.initial() == (ReplyState.PENDING,)
     assert machines.WAIT_MACHINE.initial() == (WaitState.WAITING,)
 

@@ -32,7 +32,14 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from postroom.errors import InvalidInput
-from postroom.models import Claim, Continuation, FollowUp, OpenWait
+from postroom.models import (
+    ApprovalRequest,
+    Claim,
+    Continuation,
+    FollowUp,
+    OpenWait,
+    SideEffect,
+)
 from postroom.runtime.duty import check_interval
 from postroom.validation import DEFAULT_LIMITS, check_text
 
@@ -185,6 +192,8 @@ class Context:
         self._cancellation = cancellation if cancellation is not None else threading.Event()
         self._follow_ups: list[FollowUp] = []
         self._waits: list[OpenWait] = []
+        self._charged = 0
+        self._side_effects: list[SideEffect] = []
 
     @property
     def claim(self) -> Claim:
@@ -279,6 +288,56 @@ class Context:
         self._waits.append(OpenWait(flow=flow, step=step, deadline=deadline,
                                     expected_generation=expected_generation,
                                     request_id=request_id, responder=responder))
+
+    def charge(self, units: int) -> None:
+        """Charge ``units`` of cost to the task's chain when this task finishes, in the same
+        transaction (charges add up). Its follow-ups, and the chain's later work, are
+        refused as ``budget_exhausted`` once the chain's cost budget is spent."""
+        if type(units) is not int or units < 0:
+            raise InvalidInput("units", f"must be an int >= 0, got {units!r}")
+        self._charged += units
+
+    def side_effect(self, action: str, resource: str, data: Any, *,
+                    approval_id: str | None = None) -> None:
+        """Declare a side effect to commit with this task's finish: ``action`` on
+        ``resource`` carrying ``data``. The finish commits only if a human's approval of
+        exactly that (``approval_id``, or any matching one) is usable then, consuming a use
+        in the same transaction; perform the effect from the committed record
+        (``Store.side_effects``), never from the handler before the finish."""
+        self._side_effects.append(SideEffect(action=action, resource=resource, data=data,
+                                             approval_id=approval_id))
+
+    @property
+    def side_effects(self) -> tuple[SideEffect, ...]:
+        """The side effects declared so far."""
+        return tuple(self._side_effects)
+
+    @property
+    def charged(self) -> int:
+        """The cost units charged so far."""
+        return self._charged
+
+    def wait_for_children(self, flow: str, step: str, deadline: float, *,
+                          expected_generation: int = 0) -> None:
+        """Fan-in: when this task finishes, wait (``flow``, ``step``) for every child it
+        spawns; postroom answers the wait when the last one ends, with all their outcomes,
+        and the wait's resumer continues the flow once (a timeout at ``deadline``)."""
+        self._waits.append(OpenWait(flow=flow, step=step, deadline=deadline,
+                                    expected_generation=expected_generation, children=True))
+
+    def request_approval(self, flow: str, step: str, deadline: float, *, responder: str,
+                         action: str, resource: str, data: Any, expires_at: float,
+                         max_uses: int = 1, expected_generation: int = 0) -> None:
+        """Ask ``responder`` (a human) to approve ``action`` on ``resource`` carrying
+        ``data``: a wait addressed to them opens with this task's finish. Their answer
+        (``Store.answer_approval``) grants or denies the approval and signals the wait in
+        one transaction; the resumed flow declares the side effect with the approval id the
+        signal carries."""
+        self._waits.append(OpenWait(
+            flow=flow, step=step, deadline=deadline, expected_generation=expected_generation,
+            responder=responder, approval=ApprovalRequest(action=action, resource=resource,
+                                                          data=data, expires_at=expires_at,
+                                                          max_uses=max_uses)))
 
     @property
     def follow_ups(self) -> tuple[FollowUp, ...]:

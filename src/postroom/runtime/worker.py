@@ -673,7 +673,8 @@ def _outcome(claim: Claim, ctx: Context, run: Callable[[], Any]) -> Settlement |
         return None
     except Exception as exc:
         return Failed(claim=claim, reason=_reason(_described(exc)), retryable=True)
-    return Finished(claim=claim, result=result, follow_ups=ctx.follow_ups, waits=ctx.waits)
+    return Finished(claim=claim, result=result, follow_ups=ctx.follow_ups, waits=ctx.waits,
+                    charge=ctx.charged, side_effects=ctx.side_effects)
 
 
 def _raiser(exc: BaseException) -> Callable[[], Any]:

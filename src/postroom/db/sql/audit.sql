@@ -341,3 +341,74 @@ SELECT receiver_receipts.reply_id AS identity, 'receipt without effect' AS detai
 FROM receiver_receipts
 LEFT JOIN receiver_effects ON receiver_effects.reply_id = receiver_receipts.reply_id
 WHERE receiver_effects.reply_id IS NULL
+
+-- name: audit_store_chain_over_budget
+-- No chain admitted more tasks than its task budget, and every task of a chain that was
+-- pending or ran was admitted (counted in its chain's row). (Cost is charged by work that
+-- already happened, so a chain's cost may pass its budget; its later work is refused.)
+SELECT chains.root_task_id AS identity,
+       'admitted ' || chains.tasks || ' of ' || chains.max_tasks || ' tasks, '
+       || (SELECT count(*) FROM tasks
+           WHERE tasks.root_task_id = chains.root_task_id
+             AND (tasks.attempts > 0 OR tasks.state IN ('pending', 'running')))
+       || ' pending or run' AS detail
+FROM chains
+WHERE chains.tasks > chains.max_tasks
+   OR chains.tasks < (SELECT count(*) FROM tasks
+                      WHERE tasks.root_task_id = chains.root_task_id
+                        AND (tasks.attempts > 0 OR tasks.state IN ('pending', 'running')))
+
+-- name: audit_store_task_without_chain
+-- Every task is in a chain whose row exists, and a linked task is one hop below its parent
+-- in its parent's chain.
+SELECT tasks.task_id AS identity,
+       'root ' || coalesce(tasks.root_task_id, 'NULL') || ', parent '
+       || coalesce(tasks.parent_task_id, 'none') AS detail
+FROM tasks
+LEFT JOIN chains ON chains.root_task_id = tasks.root_task_id
+LEFT JOIN tasks parent ON parent.task_id = tasks.parent_task_id
+WHERE chains.root_task_id IS NULL
+   OR (parent.task_id IS NOT NULL
+       AND (parent.root_task_id <> tasks.root_task_id OR tasks.hops <> parent.hops + 1))
+
+-- name: audit_store_approval_uses_mismatch
+-- Every use of an approval has exactly one side effect and one 'used' event, none beyond its
+-- count; it was granted once (its 'granted' event), and revoked iff it has a 'revoked' event.
+SELECT approvals.approval_id AS identity,
+       'uses ' || approvals.uses || ' of ' || approvals.max_uses || ', '
+       || (SELECT count(*) FROM side_effects
+           WHERE side_effects.approval_id = approvals.approval_id) || ' side effects, '
+       || (SELECT count(*) FROM approval_events e
+           WHERE e.approval_id = approvals.approval_id AND e.kind = 'used') || ' used events'
+       AS detail
+FROM approvals
+WHERE approvals.uses > approvals.max_uses
+   OR approvals.uses <> (SELECT count(*) FROM side_effects
+                         WHERE side_effects.approval_id = approvals.approval_id
+                           AND side_effects.use_number BETWEEN 1 AND approvals.uses)
+   OR approvals.uses <> (SELECT count(*) FROM side_effects
+                         WHERE side_effects.approval_id = approvals.approval_id)
+   OR approvals.uses <> (SELECT count(*) FROM approval_events e
+                         WHERE e.approval_id = approvals.approval_id AND e.kind = 'used')
+   OR NOT EXISTS (SELECT 1 FROM approval_events e
+                  WHERE e.approval_id = approvals.approval_id AND e.kind = 'granted')
+   OR (approvals.revoked_at IS NULL) = EXISTS (SELECT 1 FROM approval_events e
+                                              WHERE e.approval_id = approvals.approval_id
+                                                AND e.kind = 'revoked')
+
+-- name: audit_store_side_effect_unapproved
+-- A side effect used an approval of its own action, resource and data, before the
+-- approval expired and no later than its revocation, by a task that finished.
+SELECT side_effects.task_id || '#' || side_effects.number AS identity,
+       coalesce('approval ' || approvals.approval_id, 'no approval') || ', task '
+       || coalesce(tasks.state, 'pruned') AS detail
+FROM side_effects
+LEFT JOIN approvals ON approvals.approval_id = side_effects.approval_id
+LEFT JOIN tasks ON tasks.task_id = side_effects.task_id
+WHERE approvals.approval_id IS NULL
+   OR approvals.action <> side_effects.action
+   OR approvals.resource <> side_effects.resource
+   OR approvals.data_digest <> side_effects.data_digest
+   OR side_effects.created_at >= approvals.expires_at
+   OR side_effects.created_at > coalesce(approvals.revoked_at, side_effects.created_at)
+   OR (tasks.task_id IS NOT NULL AND tasks.state <> 'done')

@@ -28,12 +28,12 @@ SELECT fingerprint FROM inbox WHERE task_id = :task_id {for_share}
 INSERT INTO tasks (task_id, principal, message_id, queue, state, payload, deadline,
                    max_attempts, hops, parent_task_id, correlation_id, requester, attempts,
                    fence, available_at, claim_at, not_before, priority, retry_of, result,
-                   last_error, created_at, updated_at)
+                   last_error, created_at, updated_at, root_task_id)
 VALUES (:task_id, :principal, :message_id, :queue, :state, :payload, :deadline,
         :max_attempts, :hops, :parent_task_id, :correlation_id, :requester, 0,
         (SELECT floor FROM postroom_fence_floors WHERE kind = 'task'),
         :available_at, :available_at - :priority * :priority_weight, :not_before, :priority,
-        :retry_of, :result, :last_error, :now, :now)
+        :retry_of, :result, :last_error, :now, :now, :root_task_id)
 
 -- name: stream_position_insert
 -- Record that a numbered position of a source's stream is stored.
