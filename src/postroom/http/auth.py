@@ -43,4 +43,5 @@ def authenticate(store: Store, authorization: str | None) -> Caller:
         principal = store.authenticate(token.strip())
     except Unauthorized:
         raise UNAUTHENTICATED from None
-    return Caller(principal=principal, auth=AuthContext(principal=principal.name))
+    return Caller(principal=principal,
+                  auth=AuthContext(principal=principal.name, role=principal.role.value))

@@ -106,7 +106,7 @@ class Viewer:
     @property
     def auth(self) -> AuthContext:
         """The context the store is called with for this viewer."""
-        return AuthContext(principal=self.principal.name)
+        return AuthContext(principal=self.principal.name, role=self.principal.role.value)
 
 
 class _Refused(Exception):
