@@ -56,12 +56,14 @@ from postroom.models import (
     Failed,
     Finished,
     FollowUp,
+    Missed,
     OpenResult,
     OpenWait,
     Outcome,
     OutcomeKind,
     Outgoing,
     Page,
+    Periodic,
     Position,
     QueueStatus,
     ReceiverAck,
@@ -86,6 +88,7 @@ from postroom.models import (
     WaitOpening,
     WaitState,
 )
+from postroom.principals import Issued, Principal, Role
 from postroom.receiver import Receiver
 from postroom.settings import ExponentialBackoff, FixedBackoff, Settings
 from postroom.store import Store, open_store
@@ -122,8 +125,10 @@ __all__ = [
     "InProcessTransport",
     "InvalidEnvelope",
     "InvalidInput",
+    "Issued",
     "Limits",
     "ManualClock",
+    "Missed",
     "NotFound",
     "OpenResult",
     "OpenWait",
@@ -133,9 +138,11 @@ __all__ = [
     "Outgoing",
     "Page",
     "PayloadCollision",
+    "Periodic",
     "PermanentDeliveryError",
     "Position",
     "PostroomError",
+    "Principal",
     "QueueStatus",
     "Receiver",
     "ReceiverAck",
@@ -146,6 +153,7 @@ __all__ = [
     "Requeue",
     "ResumeResult",
     "Resumption",
+    "Role",
     "Schedule",
     "SchemaError",
     "Settings",

@@ -41,6 +41,8 @@ CHECKS: dict[str, tuple[str, ...]] = {
         "continuation_effect_mismatch", "effect_task_mismatch", "wait_decided_after_high_water",
         "limit_slots_mismatch", "slot_held_twice", "slot_of_another_queue",
         "rerun_not_recorded", "available_before_not_before",
+        "schedule_next_not_after_last", "schedule_task_ahead", "schedule_last_task_mismatch",
+        "schedule_task_identity",
     ),
     "receiver": (
         "effect_without_receipt", "duplicate_effects", "receipt_without_effect",

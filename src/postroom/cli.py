@@ -23,7 +23,8 @@ __all__ = ["main"]
 #: Written here so that ``postroom --help`` imports no benchmark module; a test holds them
 #: to ``postroom._bench``'s own.
 BENCH_SCENARIOS = ("claim", "single", "batched", "commit-cost", "signals", "pg-claim", "pg-e2e",
-                   "pg-latency")
+                   "pg-latency", "worker", "delivered", "worker-latency", "concurrency",
+                   "scheduled", "rss", "pg-workers", "pg-worker-latency", "pg-rss")
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
@@ -77,9 +78,11 @@ def main() -> None:
 def demo(story: str) -> None:
     """Run an end-to-end story on a temporary SQLite database.
 
-    tasks (the default): receive -> claim -> the worker dies -> restart -> lease recovered
-    -> the stale worker's commit is rejected -> done -> the first delivery loses its ACK ->
-    redelivery with the same reply_id -> sent, exactly one receiver effect.
+    tasks (the default), with real `postroom worker` and `postroom dispatch` processes and
+    a webhook receiver on 127.0.0.1: receive -> a worker claims -> SIGKILL mid-task ->
+    another worker recovers the lease -> the dead worker's stale commit is fenced -> done
+    -> the receiver commits the first delivery but its ACK is lost -> redelivery with the
+    same reply_id, deduped -> sent, exactly one receiver effect.
 
     waits: a task asks a human with a deadline -> restart -> timed out, asked again ->
     the answer, its duplicate and a stale one arrive -> the resuming process dies after its
@@ -189,8 +192,12 @@ def audit(urls: tuple[str, ...]) -> None:
               help="The PostgreSQL database the pg-* scenarios create (and drop) their "
                    "schemas in; an unreachable server fails the run unless --only leaves "
                    "them out.")
-def bench(quick: bool, only: tuple[str, ...], folder: Path | None,
-          results: Path | None, pg_url: str) -> None:
+@click.option("--rss-tasks", type=click.IntRange(1, 100_000_000), default=None, metavar="N",
+              help="Tasks the long run of the rss and pg-rss scenarios delivers (the issue "
+                   "asks for 1,000,000 on SQLite and 100,000 on PostgreSQL; default: 100,000 "
+                   "each, 1,000 with --quick).")
+def bench(quick: bool, only: tuple[str, ...], folder: Path | None,  # noqa: PLR0917
+          results: Path | None, pg_url: str, rss_tasks: int | None) -> None:
     """Measure postroom against a raw SQLite commit loop and judge the performance bars.
 
     Prints the report as JSON on stdout (progress goes to stderr). Every figure is also a
@@ -209,10 +216,14 @@ def bench(quick: bool, only: tuple[str, ...], folder: Path | None,
     words = ["postroom bench", *(["--quick"] if quick else []),
              *(f"--only {name}" for name in only),
              *([f"--pg-url {public_url(pg_url)}"] if pg_url != DEFAULT_PG_URL else []),
-             *([f"--results {results}"] if results is not None else [])]
+             *([f"--results {results}"] if results is not None else []),
+             *([f"--rss-tasks {rss_tasks}"] if rss_tasks is not None else [])]
     mode = "quick" if quick else ("partial" if only else "full")
+    sizes = QUICK if quick else FULL
+    if rss_tasks is not None:
+        sizes = dataclasses.replace(sizes, rss_tasks=rss_tasks, pg_rss_tasks=rss_tasks)
     try:
-        outcome = run_bench(sizes=QUICK if quick else FULL, mode=mode,
+        outcome = run_bench(sizes=sizes, mode=mode,
                             folder=folder if folder is not None else default_folder(),
                             only=only, pg_url=pg_url, command=" ".join(words),
                             progress=lambda line: click.echo(line, err=True))
@@ -252,7 +263,7 @@ def bench(quick: bool, only: tuple[str, ...], folder: Path | None,
               help="How long an idle worker waits for a wake-up before it looks anyway.")
 @click.option("--no-duties", is_flag=True,
               help="Do not run the background duties (lease rescuer, deadline sweeper, wait "
-                   "timer, continuation runner, pruner).")
+                   "timer, continuation runner, pruner, scheduler).")
 @click.option("--owner", default=None, metavar="NAME",
               help="The owner its claims are held under (default: host:pid:random).")
 def worker(url: str, *, imports: tuple[str, ...], queues: tuple[str, ...],
@@ -484,6 +495,124 @@ def endpoint_remove(principal: str, store_url: str) -> None:
     click.echo(json.dumps({"principal": principal, "removed": True}))
 
 
+# -- periodic schedules -------------------------------------------------------------------------
+
+_OPERATOR_OPTION = click.option(
+    "--operator", default=lambda: os.environ.get("USER") or "operator", show_default="$USER",
+    metavar="NAME", help="Who makes the change (recorded on the schedule).")
+
+
+@main.group()
+def schedule() -> None:
+    """Periodic work: add, list, pause, resume and remove schedules. A schedule enqueues one
+    task per period of its cron expression, once across every host running a worker."""
+
+
+@schedule.command("add")
+@click.argument("name")
+@_STORE_OPTION
+@click.option("--cron", required=True, metavar="EXPR",
+              help="minute hour day-of-month month day-of-week, e.g. '*/15 * * * *'.")
+@click.option("--queue", default="default", show_default=True, help="The tasks' queue.")
+@click.option("--payload", default="{}", show_default=True, metavar="JSON",
+              help="The tasks' payload, a JSON object.")
+@click.option("--zone", default=None, metavar="IANA",
+              help="The zone whose wall clock the expression reads (default: UTC).")
+@click.option("--priority", type=int, default=0, show_default=True, help="-10..10.")
+@click.option("--max-attempts", type=int, default=3, show_default=True)
+@click.option("--ttl", type=float, default=None, metavar="SECONDS",
+              help="Each task's deadline after its period's start (default: the next "
+                   "period's start).")
+@click.option("--missed", type=click.Choice(["once", "skip"]), default="once",
+              show_default=True,
+              help="After an outage or a pause that let a whole period pass: enqueue the "
+                   "latest period once, or skip to the next one.")
+@click.option("--replace", is_flag=True, help="Change the definition of an existing schedule.")
+@_OPERATOR_OPTION
+def schedule_add(  # noqa: PLR0917 - click passes every option as an argument
+        name: str, store_url: str, cron: str, queue: str, payload: str, zone: str | None,
+        priority: int, max_attempts: int, ttl: float | None, missed: str, replace: bool,
+        operator: str) -> None:
+    """Enqueue one task per period of --cron under NAME; shows the schedule as JSON.
+
+    Adding it again with the same definition changes nothing; another definition is refused
+    unless --replace.
+    """
+    from postroom.store import open_store
+
+    try:
+        document = json.loads(payload)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="'--payload'") from None
+    with open_store(store_url) as store:
+        added = store.add_schedule(name, cron, operator=operator, queue=queue, payload=document,
+                                   priority=priority, max_attempts=max_attempts, ttl=ttl,
+                                   missed=missed, zone=zone, replace=replace)
+    click.echo(json.dumps(added.to_dict()))
+
+
+@schedule.command("list")
+@_STORE_OPTION
+@click.option("--json", "as_json", is_flag=True, help="One JSON document.")
+def schedule_list(store_url: str, as_json: bool) -> None:
+    """Show every schedule: its expression, queue, state and next period."""
+    from postroom.schedules import period_key
+    from postroom.store import open_store
+
+    with open_store(store_url) as store:
+        found = store.schedules()
+    if as_json:
+        click.echo(json.dumps({"schedules": [item.to_dict() for item in found]}, indent=2))
+        return
+    for item in found:
+        state = "paused" if item.paused else "active"
+        zone = f" ({item.zone})" if item.zone else ""
+        click.echo(f"{item.name}  {item.cron!r}{zone}  queue {item.queue}  {state}  missed "
+                   f"{item.missed.value}  next {period_key(item.next_at)}")
+    if not found:
+        click.echo("no schedules")
+
+
+@schedule.command("pause")
+@click.argument("name")
+@_STORE_OPTION
+@_OPERATOR_OPTION
+def schedule_pause(name: str, store_url: str, operator: str) -> None:
+    """Enqueue nothing for NAME until it is resumed."""
+    from postroom.store import open_store
+
+    with open_store(store_url) as store:
+        changed = store.pause_schedule(name, operator=operator)
+    click.echo(json.dumps({"name": name, "paused": True, "changed": changed}))
+
+
+@schedule.command("resume")
+@click.argument("name")
+@_STORE_OPTION
+@_OPERATOR_OPTION
+def schedule_resume(name: str, store_url: str, operator: str) -> None:
+    """Let NAME enqueue again; what its pause let pass is handled by its --missed policy."""
+    from postroom.store import open_store
+
+    with open_store(store_url) as store:
+        changed = store.resume_schedule(name, operator=operator)
+    click.echo(json.dumps({"name": name, "paused": False, "changed": changed}))
+
+
+@schedule.command("remove")
+@click.argument("name")
+@_STORE_OPTION
+def schedule_remove(name: str, store_url: str) -> None:
+    """Forget NAME; the tasks it enqueued stay."""
+    from postroom.errors import NotFound
+    from postroom.store import open_store
+
+    with open_store(store_url) as store:
+        if not store.remove_schedule(name):
+            raise NotFound(f"no schedule {name!r}")
+    click.echo(json.dumps({"name": name, "removed": True}))
+
+
 @main.command()
 @click.argument("url")
 @click.option("--receiver", "receiver_url", default=None, metavar="URL",
@@ -552,3 +681,121 @@ def dispatch(  # noqa: PLR0917 - click passes every option as an argument
                            "handed_back": dispatcher.released}))
     if dispatcher.exit_code:
         sys.exit(dispatcher.exit_code)
+
+
+@main.group()
+def principal() -> None:
+    """Who may call the HTTP service (`postroom serve`), with which role: add, list, revoke
+    principals and rotate their tokens. A token is printed once; only its hash is kept."""
+
+
+def _show_token(issued: Any, what: str) -> None:
+    click.echo(json.dumps({"principal": issued.principal.name,
+                           "role": issued.principal.role.value,
+                           "queues": list(issued.principal.queues), "token": issued.token}))
+    click.echo(f"{what}: this is the only time the token is shown; give it to its holder, "
+               "who sends it as 'Authorization: Bearer <token>'", err=True)
+
+
+@principal.command("add")
+@click.argument("name")
+@_STORE_OPTION
+@click.option("--role", required=True,
+              type=click.Choice(["agent", "worker", "human", "operator"]),
+              help="agent: submits tasks and reads its own; worker: works the tasks of its "
+                   "--queue; human: answers the waits addressed to it; operator: everything.")
+@click.option("--queue", "queues", multiple=True, metavar="QUEUE",
+              help="A queue a worker is granted (repeat for more; a worker needs one).")
+def principal_add(name: str, store_url: str, role: str, queues: tuple[str, ...]) -> None:
+    """Add the principal NAME with a role, and print its first token once."""
+    from postroom.store import open_store
+
+    with open_store(store_url) as store:
+        issued = store.add_principal(name, role, queues=queues)
+    _show_token(issued, "added")
+
+
+@principal.command("list")
+@_STORE_OPTION
+@click.option("--json", "as_json", is_flag=True, help="One JSON document.")
+def principal_list(store_url: str, as_json: bool) -> None:
+    """Show every principal, its role and granted queues (never a token)."""
+    from postroom.store import open_store
+
+    with open_store(store_url) as store:
+        found = store.list_principals()
+    if as_json:
+        click.echo(json.dumps({"principals": [item.to_dict() for item in found]}, indent=2))
+        return
+    for item in found:
+        queues = f"  queues {','.join(item.queues)}" if item.queues else ""
+        click.echo(f"{item.name}  {item.role.value}{queues}"
+                   f"{'' if item.active else '  revoked'}")
+    if not found:
+        click.echo("no principals")
+
+
+@principal.command("revoke")
+@click.argument("name")
+@_STORE_OPTION
+def principal_revoke(name: str, store_url: str) -> None:
+    """Revoke NAME: its tokens stop working at once; the name is never reused."""
+    from postroom.store import open_store
+
+    with open_store(store_url) as store:
+        revoked = store.revoke_principal(name)
+    click.echo(json.dumps({"principal": name, "revoked": True, "already": not revoked}))
+
+
+@principal.command("rotate")
+@click.argument("name")
+@_STORE_OPTION
+@click.option("--overlap", type=float, default=0.0, show_default=True, metavar="SECONDS",
+              help="How long the old token keeps working (0: it stops at once).")
+def principal_rotate(name: str, store_url: str, overlap: float) -> None:
+    """Make a new token for NAME, printed once; the old one stops after --overlap."""
+    from postroom.store import open_store
+
+    with open_store(store_url) as store:
+        issued = store.rotate_token(name, overlap=overlap)
+    _show_token(issued, "rotated")
+
+
+@main.command()
+@click.argument("url")
+@click.option("--host", default="127.0.0.1", show_default=True, help="The address to bind.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
+              help="The port to bind (0: any free one).")
+@click.option("--max-body", type=click.IntRange(1, 64 * 1024 * 1024), default=1024 * 1024,
+              show_default=True, metavar="BYTES", help="The largest request body accepted.")
+@click.option("--timeout", type=click.FloatRange(0.5, 3600), default=30.0, show_default=True,
+              metavar="SECONDS", help="Every request is answered within this.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), default="info",
+              show_default=True, help="What it logs to stderr.")
+def serve(  # noqa: PLR0917 - click passes every option as an argument
+        url: str, host: str, port: int, max_body: int, timeout: float,
+        log_level: str) -> None:
+    """Serve the HTTP API (and its OpenAPI document at /openapi.json) for the store at URL
+    until SIGTERM or Ctrl-C.
+
+    Callers authenticate with the tokens of `postroom principal add`.
+    """
+    from postroom.http.app import Limits
+    from postroom.http.app import serve as run
+    from postroom.store import open_store
+
+    limits = Limits(max_body=max_body, timeout=timeout, max_poll=min(20.0, timeout / 2))
+    with open_store(url) as store:
+        run(store, host=host, port=port, limits=limits, log_level=log_level)
+
+
+# -- the operators' commands: status, list, inspect and their decisions (postroom.cli_ops) ------
+
+def _register_operators() -> None:
+    from postroom.cli_ops import COMMANDS
+
+    for command in COMMANDS:
+        main.add_command(command)
+
+
+_register_operators()

@@ -17,11 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from postroom.clock import ManualClock
-from postroom.demo import _START, Checks
+from postroom.demo import Checks
 from postroom.models import AuthContext, Envelope, FollowUp
 from postroom.store import Store
 
 __all__ = ["run_waits_demo"]
+
+_START = 1_767_225_600.0  # 2026-01-01T00:00:00Z, so the printed times are readable
 
 FLOW, STEP = "refund-17", "approval"
 _ALICE = AuthContext(principal="alice")

@@ -49,7 +49,7 @@ def principal_of(settings: Settings, auth: AuthContext) -> str:
     if principal.startswith(FOLLOW_UP_NAMESPACES):
         raise Unauthorized(f"principal {principal!r} is reserved: names beginning with "
                            f"{' or '.join(map(repr, FOLLOW_UP_NAMESPACES))} identify the "
-                           f"tasks postroom makes itself (follow-ups, re-runs)")
+                           f"tasks postroom makes itself (follow-ups, re-runs, schedules)")
     return principal
 
 

@@ -25,12 +25,14 @@ __all__ = [
     "Failed",
     "Finished",
     "FollowUp",
+    "Missed",
     "OpenResult",
     "OpenWait",
     "Outcome",
     "OutcomeKind",
     "Outgoing",
     "Page",
+    "Periodic",
     "Position",
     "QueueStatus",
     "ReceiverAck",
@@ -460,6 +462,62 @@ class Retry:
         return cls(task_id=row["task_id"], number=int(row["number"]),
                    new_task_id=row["new_task_id"], operator=row["operator"],
                    reason=row["reason"], retried_at=float(row["retried_at"]))
+
+
+class Missed(StrEnum):
+    """What a periodic schedule does after an outage (every host down, or it was paused)
+    that let at least one whole period pass without its task."""
+
+    ONCE = "once"  # enqueue the latest period that began, once; the earlier ones are dropped
+    SKIP = "skip"  # enqueue none of them; the next task is the next period's
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Periodic:
+    """A periodic schedule: one task of ``payload`` on ``queue`` per period of ``cron`` (in
+    ``zone``, ``None`` for UTC), identified by the schedule and the period's start.
+
+    A period's task has the deadline ``period start + ttl`` (``ttl`` ``None``: the next
+    period's start). ``last_period`` is the latest period handled (enqueued, or dropped by
+    the ``missed`` policy), ``last_task_id`` the latest task enqueued, and ``next_at`` when
+    the next period begins.
+    """
+
+    name: str
+    cron: str
+    zone: str | None
+    queue: str
+    payload: Any
+    priority: int
+    max_attempts: int
+    ttl: float | None
+    missed: Missed
+    paused: bool
+    last_period: float | None
+    last_task_id: str | None
+    next_at: float
+    created_by: str
+    created_at: float
+    updated_by: str
+    updated_at: float
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Periodic:
+        """Build from a ``schedules`` row."""
+        return cls(name=row["name"], cron=row["cron"], zone=row["zone"], queue=row["queue"],
+                   payload=json.loads(row["payload"]), priority=int(row["priority"]),
+                   max_attempts=int(row["max_attempts"]),
+                   ttl=None if row["ttl"] is None else float(row["ttl"]),
+                   missed=Missed(row["missed"]), paused=bool(row["paused"]),
+                   last_period=(None if row["last_period"] is None
+                                else float(row["last_period"])), last_task_id=row["last_task_id"],
+                   next_at=float(row["next_at"]), created_by=row["created_by"],
+                   created_at=float(row["created_at"]), updated_by=row["updated_by"],
+                   updated_at=float(row["updated_at"]))
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready mapping of every field."""
+        return asdict(self) | {"missed": self.missed.value}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

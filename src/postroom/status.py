@@ -268,9 +268,11 @@ def check_task_listing(settings: Settings, *, state: object, queue: object, prin
 
 
 def check_wait_listing(*, state: object, due_before: object, limit: object,
-                       cursor: object) -> PageRequest:
+                       cursor: object, responder: object = None,
+                       text_bytes: int = 128) -> PageRequest:
     """Validate a ``list_waits`` call: waiting generations (the only state listed: an ended
-    one is history, read with ``Store.wait``), due before ``due_before`` if given."""
+    one is history, read with ``Store.wait``), due before ``due_before`` if given, addressed
+    to ``responder`` if given."""
     checked = check_state(state, WaitState)
     if checked is not WaitState.WAITING:
         raise InvalidInput("state", f"only waiting generations are listed, got "
@@ -278,6 +280,8 @@ def check_wait_listing(*, state: object, due_before: object, limit: object,
     filters = {"state": checked.value,
                "due_before": None if due_before is None else check_number(due_before,
                                                                           "due_before")}
+    if responder is not None:
+        filters["responder"] = check_text(responder, "responder", max_bytes=text_bytes)
     return _page_request("list_waits", filters, limit, cursor)
 
 
@@ -319,9 +323,12 @@ def list_waits(tx: Tx, request: PageRequest) -> Page[Wait]:
     """A page of waiting generations, earliest deadline first (then by address)."""
     after = request.after if request.after is not None else (-math.inf, "", "", 0)
     due_before = request.filters["due_before"]
-    rows = tx.all("waits_page", due_before=math.inf if due_before is None else due_before,
-                  after_deadline=after[0], after_flow=after[1], after_step=after[2],
-                  after_generation=after[3], limit=request.limit + 1)
+    responder = request.filters.get("responder")
+    bounds = {"due_before": math.inf if due_before is None else due_before,
+              "after_deadline": after[0], "after_flow": after[1], "after_step": after[2],
+              "after_generation": after[3], "limit": request.limit + 1}
+    rows = (tx.all("waits_page", **bounds) if responder is None
+            else tx.all("waits_page_for", responder=responder, **bounds))
     return _page(request, rows, Wait.from_row, lambda row: (
         float(row["deadline"]), row["flow"], row["step"], int(row["generation"])))
 

@@ -13,11 +13,14 @@ from dataclasses import replace
 from typing import Any
 
 from postroom import (
+    audit,
     endpoints,
     inbox,
     outbox,
+    principals,
     queues,
     retention,
+    schedules,
     signing,
     status,
     tasks,
@@ -25,6 +28,7 @@ from postroom import (
     transports,
     waits,
 )
+from postroom.audit import Violation
 from postroom.clock import Clock
 from postroom.db.database import Database, Tx
 from postroom.db.wakeups import REPLIES_CHANNEL, Waiter
@@ -51,6 +55,7 @@ from postroom.models import (
     OpenWait,
     Outcome,
     Page,
+    Periodic,
     Position,
     Released,
     Reply,
@@ -460,6 +465,73 @@ class Store:
         """Every limited queue and how many of its tasks may run at once."""
         return self._db.read(queues.limits)
 
+    # -- periodic schedules ---------------------------------------------------------------------
+
+    def add_schedule(
+            self, name: str, cron: str, *, operator: str, queue: str = "default",
+            payload: Any = None, priority: int = 0, max_attempts: int = 3,
+            ttl: float | None = None, missed: str = "once", zone: str | None = None,
+            replace: bool = False) -> Periodic:
+        """Enqueue one task of ``payload`` (``{}`` if ``None``) on ``queue`` per period of
+        ``cron`` (5 fields, in ``zone``: an IANA name, ``None`` for UTC), for every host at
+        once; the first period is the first fire time after now.
+
+        Each task has ``priority`` and ``max_attempts`` and the deadline ``period start +
+        ttl`` (``None``: the next period's start). ``missed`` (``once`` or ``skip``) says what
+        happens after an outage or a pause that let a whole period pass (see
+        ``postroom.schedules``). Adding a schedule again with the same definition changes
+        nothing; with another one it is a ``Conflict`` unless ``replace`` (the periods it
+        handled stay handled). ``InvalidInput`` names a field that cannot be.
+        """
+        check_text(operator, "operator", max_bytes=self._settings.limits.text_bytes)
+        check_bool(replace, "replace")
+        definition = schedules.check(
+            self._settings, name=name, cron=cron, zone=zone, queue=queue,
+            payload={} if payload is None else payload, priority=priority,
+            max_attempts=max_attempts, ttl=ttl, missed=missed)
+        return self._db.write(schedules.ADD, lambda tx: schedules.add(
+            tx, definition, operator=operator, replace=replace))
+
+    def schedule(self, name: str) -> Periodic:
+        """The schedule ``name``; ``NotFound`` if there is none."""
+        check_text(name, "name", max_bytes=self._settings.limits.text_bytes)
+        return self._db.read(lambda tx: schedules.get(tx, name))
+
+    def schedules(self) -> list[Periodic]:
+        """Every schedule, by name."""
+        return self._db.read(schedules.listed)
+
+    def pause_schedule(self, name: str, *, operator: str) -> bool:
+        """Enqueue nothing for ``name`` until ``resume_schedule``; ``False`` if it was paused
+        already, ``NotFound`` if there is no such schedule."""
+        return self._pause_schedule(name, operator, paused=True)
+
+    def resume_schedule(self, name: str, *, operator: str) -> bool:
+        """Let ``name`` enqueue again; the periods its pause let pass are handled by its
+        missed policy (never more than one task for them). ``False`` if it was not paused."""
+        return self._pause_schedule(name, operator, paused=False)
+
+    def _pause_schedule(self, name: str, operator: str, *, paused: bool) -> bool:
+        check_text(name, "name", max_bytes=self._settings.limits.text_bytes)
+        check_text(operator, "operator", max_bytes=self._settings.limits.text_bytes)
+        return self._db.write(schedules.PAUSE if paused else schedules.RESUME,
+                              lambda tx: schedules.set_paused(tx, name, paused=paused,
+                                                              operator=operator))
+
+    def remove_schedule(self, name: str) -> bool:
+        """Forget the schedule ``name``; the tasks it enqueued stay. ``False`` if none."""
+        check_text(name, "name", max_bytes=self._settings.limits.text_bytes)
+        return self._db.write(schedules.REMOVE, lambda tx: schedules.remove(tx, name))
+
+    def enqueue_due_schedules(self, *, limit: int = 100) -> list[Ack]:
+        """One round of at most ``limit`` schedules whose next period has begun, each in this
+        one transaction with the task of its period (at the store's trusted time). Returns
+        each task's ACK (``duplicate``: another round had stored that period already). Any
+        number of hosts may run rounds at once: a period is one task whoever enqueues it."""
+        check_limit(limit)
+        return self._db.write_if(schedules.ENQUEUE, schedules.due, lambda tx: (
+            schedules.enqueue_due(tx, self._settings, limit=limit)), otherwise=[])
+
     def cancel(self, task_id: str, *, reason: str = "cancelled") -> bool:
         """Cancel a pending or running task; ``False`` if it is already terminal."""
         check_text(task_id, "task_id", max_bytes=TASK_ID_BYTES)
@@ -715,6 +787,48 @@ class Store:
     def _principal(self, principal: str) -> str:
         return check_text(principal, "principal", max_bytes=self._settings.limits.text_bytes)
 
+    # -- principals of the HTTP service ----------------------------------------------------
+
+    def add_principal(self, name: str, role: principals.Role | str, *,
+                      queues: Sequence[str] = ()) -> principals.Issued:
+        """Add a principal with ``role`` (a worker with the ``queues`` it is granted) and
+        make its first token: ``Issued.token`` is shown once, only its hash is kept.
+        ``Conflict`` if the name was ever taken."""
+        new = principals.check_new(self._settings, name, role, queues)
+        return self._db.write(principals.ADD, lambda tx: principals.add(tx, new))
+
+    def principal(self, name: str) -> principals.Principal:
+        """The principal ``name`` (revoked ones too); ``NotFound`` if there is none."""
+        self._principal(name)
+        return self._db.read(lambda tx: principals.get(tx, name))
+
+    def list_principals(self) -> list[principals.Principal]:
+        """Every principal, by name, revoked ones included."""
+        return self._db.read(principals.listed)
+
+    def revoke_principal(self, name: str) -> bool:
+        """Revoke ``name``: its tokens stop working at once, its name stays taken.
+        ``False`` if it was revoked already; ``NotFound`` if there is no such principal."""
+        self._principal(name)
+        return self._db.write(principals.CHANGE, lambda tx: principals.revoke(tx, name))
+
+    def rotate_token(self, name: str, *, overlap: float = 0.0) -> principals.Issued:
+        """Make a new token for ``name`` (shown once); its older ones stop working
+        ``overlap`` seconds from now (0: at once). ``NotFound`` for a missing or revoked
+        principal."""
+        self._principal(name)
+        seconds = principals.check_overlap(overlap)
+        return self._db.write(principals.CHANGE, lambda tx: principals.rotate(
+            tx, name, overlap=seconds))
+
+    def authenticate(self, token: str) -> principals.Principal:
+        """The active principal whose bearer token ``token`` is; ``Unauthorized`` otherwise
+        (the same message whatever failed). One indexed read, no write."""
+        def read(tx: Tx) -> principals.Principal:
+            return principals.authenticate(tx, token)
+
+        return self._db.read(read)
+
     # -- waiting for work -----------------------------------------------------------------------
 
     def waiter(self, queues: Sequence[str] | str = ("default",), *,
@@ -857,13 +971,14 @@ class Store:
         return self._db.read(lambda tx: status.list_tasks(tx, request))
 
     def list_waits(self, *, state: WaitState | str = WaitState.WAITING,
-                   due_before: float | None = None, limit: int = 100,
-                   cursor: str | None = None) -> Page[Wait]:
+                   due_before: float | None = None, responder: str | None = None,
+                   limit: int = 100, cursor: str | None = None) -> Page[Wait]:
         """A page of open (waiting) wait generations, earliest deadline first, those due
-        before ``due_before`` (exclusive) if given. Ended generations are not listed: read
-        one with ``wait``. Cursors as for ``list_tasks``."""
+        before ``due_before`` (exclusive) and addressed to ``responder`` if given. Ended
+        generations are not listed: read one with ``wait``. Cursors as for ``list_tasks``."""
         request = status.check_wait_listing(state=state, due_before=due_before, limit=limit,
-                                            cursor=cursor)
+                                            cursor=cursor, responder=responder,
+                                            text_bytes=self._settings.limits.text_bytes)
         return self._db.read(lambda tx: status.list_waits(tx, request))
 
     def list_dead_replies(self, *, limit: int = 100,
@@ -881,14 +996,21 @@ class Store:
         checked = check_text(event_id, "event_id", max_bytes=self._settings.limits.text_bytes)
         return self._db.read(lambda tx: status.receipt(tx, name, checked))
 
+    def audit(self) -> list[Violation]:
+        """Check the invariants of SPEC §8 on this store's database, read-only (what
+        ``postroom audit`` reports): every violation found, none when all hold."""
+        return audit.audit_database(self._db)
+
     # -- housekeeping ---------------------------------------------------------------------------
 
-    def prune(self) -> int:
+    def prune(self, *, progress: Callable[[int], None] | None = None) -> int:
         """Forget messages past retention whose task is terminal and reply sent.
 
-        Returns how many were pruned. A pruned identity sent again is a new request, so a
-        message stored at a stream position above the stream's watermark is kept: its source
-        will send it again from the watermark, and that must be a duplicate.
+        Returns how many were pruned; ``progress``, if given, is called with the total so far
+        after each transaction that pruned some (``sweep_limit`` at most each). A pruned
+        identity sent again is a new request, so a message stored at a stream position above
+        the stream's watermark is kept: its source will send it again from the watermark,
+        and that must be a duplicate.
         """
         pruned = 0
         limit = self._settings.sweep_limit
@@ -896,6 +1018,8 @@ class Store:
             count, chosen = self._db.write(retention.PRUNE, lambda tx: retention.prune_once(
                 tx, limit=limit))
             pruned += count
+            if count and progress is not None:
+                progress(pruned)
             if chosen < limit:
                 return pruned
 
@@ -1002,6 +1126,20 @@ def inspect_store(url: str, *, settings: Settings | None = None) -> dict[str, An
     Raises ``SchemaError`` if ``url`` holds no postroom store, or one whose schema is older
     (``postroom init`` upgrades it) or newer than this postroom's.
     """
+    database = _existing(url)
+    try:
+        if settings is None:
+            return _info(database, Settings(), settings_from=(
+                "postroom's defaults (an application's own Settings are not in the "
+                "database), except retention_seconds: the store's published period"))
+        return _info(database, settings, settings_from="the Settings given")
+    finally:
+        database.close()
+
+
+def _existing(url: str) -> Database:
+    """The store at ``url``, read-only; ``SchemaError`` (nothing created or written) if
+    there is none or its schema is another version than this postroom's."""
     from postroom.db import dialect_for_url, redacted_url
 
     database = Database(dialect_for_url(url, read_only=True), track_time=False)
@@ -1012,18 +1150,22 @@ def inspect_store(url: str, *, settings: Settings | None = None) -> dict[str, An
         problem = database.schema_problem("store")
         if problem is not None:
             raise SchemaError(f"the store's schema is {problem}")
-        if settings is None:
-            return _info(database, Settings(), settings_from=(
-                "postroom's defaults (an application's own Settings are not in the "
-                "database), except retention_seconds: the store's published period"))
-        return _info(database, settings, settings_from="the Settings given")
-    finally:
+    except BaseException:
         database.close()
+        raise
+    return database
 
 
 def open_store(url: str, *, clock: Clock | None = None, settings: Settings | None = None,
-               seed: int | None = None) -> Store:
-    """Open the store at ``url`` (``sqlite:///path.db`` or ``postgresql://...``)."""
+               seed: int | None = None, create: bool = True) -> Store:
+    """Open the store at ``url`` (``sqlite:///path.db`` or ``postgresql://...``).
+
+    With ``create=False``, a URL without a store, or with a store of another schema
+    version, is a ``SchemaError`` and nothing is created or upgraded (an operator's
+    command on a mistyped URL).
+    """
+    if not create:
+        _existing(url).close()
     return Store.open(url, clock=clock, settings=settings, seed=seed)
 
 

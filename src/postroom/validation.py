@@ -90,8 +90,10 @@ TASK_FOLLOW_UPS = "task:"
 WAIT_FOLLOW_UPS = "wait:"
 #: The namespace of an operator's re-runs of a task (``retry:`` + its task_id).
 RETRIES = "retry:"
+#: The namespace of a periodic schedule's tasks (``schedule:`` + its name).
+SCHEDULED = "schedule:"
 #: Principals no sender may be: they identify the tasks postroom makes itself.
-FOLLOW_UP_NAMESPACES = (TASK_FOLLOW_UPS, WAIT_FOLLOW_UPS, RETRIES)
+FOLLOW_UP_NAMESPACES = (TASK_FOLLOW_UPS, WAIT_FOLLOW_UPS, RETRIES, SCHEDULED)
 #: Priorities run from -PRIORITY_LIMIT to PRIORITY_LIMIT (higher first).
 PRIORITY_LIMIT = 10
 

@@ -31,12 +31,20 @@ pytestmark = pytest.mark.slow
 SQLITE_ROWS = {"raw_sqlite", "claim_finish.backlog_100", "claim_finish.backlog_1000",
                "claim_finish.backlog_3000", "e2e.single", "e2e.batched", "signals.accepted",
                "commit_cost.pages_1", "commit_cost.pages_6"}
+#: Figures of ``postroom worker`` and ``postroom dispatch`` processes on SQLite.
+RUNTIME_ROWS = {"runtime.sqlite.workers_1", "runtime.sqlite.delivered",
+                "runtime.io.concurrency_1", "runtime.io.concurrency_8",
+                "runtime.scheduled.future_0", "runtime.scheduled.future_3000"}
+LATENCY_ROWS = {"runtime.latency.sqlite.p50", "runtime.latency.sqlite.p99"}
+RSS_ROWS = {"runtime.rss.sqlite.worker", "runtime.rss.sqlite.dispatcher"}
+PG_RUNTIME_ROWS = {"pg.raw_commit_loop", "runtime.pg.workers_4", "runtime.latency.pg.p50",
+                   "runtime.latency.pg.p99", "runtime.rss.pg.worker", "runtime.rss.pg.dispatcher"}
 POSTGRES_THROUGHPUT_ROWS = {f"pg.{key}.{kind}.workers_{workers}" for key in ("claim_finish", "e2e")
                             for kind in ("single", "batched") for workers in (1, 4)}
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
-    return run(python("-m", "postroom", "bench", "--quick", *args), timeout=300)
+    return run(python("-m", "postroom", "bench", "--quick", *args), timeout=900)
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +99,8 @@ def pg_report(quick_report: dict[str, Any]) -> dict[str, Any]:
 def test_quick_run_reports_every_scenario_with_a_ratio_to_the_raw_loop(quick_report):
     rows = {row["id"]: row for row in quick_report["measurements"]
             if row["backend"] == "sqlite"}
-    assert set(rows) == SQLITE_ROWS
-    for row in rows.values():
+    assert set(rows) == SQLITE_ROWS | RUNTIME_ROWS | LATENCY_ROWS | RSS_ROWS
+    for row in (rows[name] for name in SQLITE_ROWS | RUNTIME_ROWS):
         assert row["value"] == pytest.approx(statistics.median(row["rounds"]), abs=0.1)
         assert len(row["round_ratios"]) == len(row["rounds"]) > 0
         assert all(ratio > 0 for ratio in row["round_ratios"])
@@ -167,9 +175,14 @@ def test_quick_run_answers_every_wait_it_opens_with_one_accepted_signal(quick_re
 def test_quick_run_judges_every_bar(quick_report):
     bars = {bar["id"]: bar for bar in quick_report["bars"]}
     expected = {"claim_flat_under_backlog": 0.7, "single_vs_raw": 0.12, "batched_vs_raw": 1.5,
-                "signals_vs_raw": 0.3}
+                "signals_vs_raw": 0.3, "worker_vs_raw": 0.5, "delivered_vs_raw": 0.3,
+                "worker_latency_sqlite_p50": 5.0, "concurrency_8_vs_1": 6.0,
+                "rss_sqlite_worker": 1.1, "rss_sqlite_dispatcher": 1.1,
+                "due_claims_flat_under_future_backlog": 0.7}
     if quick_report["postgres"] is not None:
-        expected |= {"pg_claim_scales_to_4_workers": 2.0, "pg_latency_p50": 10.0}
+        expected |= {"pg_claim_scales_to_4_workers": 2.0, "pg_latency_p50": 10.0,
+                     "pg_workers_vs_raw_pg": 0.75, "worker_latency_pg_p50": 5.0,
+                     "rss_pg_worker": 1.1, "rss_pg_dispatcher": 1.1}
     assert {name: bar["required"] for name, bar in bars.items()} == expected
     rows = {row["id"]: row for row in quick_report["measurements"]}
     for bar in bars.values():
@@ -193,7 +206,8 @@ def test_quick_run_judges_every_bar(quick_report):
 
 def test_quick_run_measures_postgres_workers_and_latency(pg_report):
     rows = {row["id"]: row for row in pg_report["measurements"] if row["backend"] == "postgres"}
-    assert set(rows) == POSTGRES_THROUGHPUT_ROWS | {"pg.latency.p50", "pg.latency.p99"}
+    assert set(rows) == POSTGRES_THROUGHPUT_ROWS | PG_RUNTIME_ROWS | {"pg.latency.p50",
+                                                                       "pg.latency.p99"}
     for name in POSTGRES_THROUGHPUT_ROWS:
         row = rows[name]
         assert row["unit"] == "tasks/s" and row["value"] > 0
@@ -208,6 +222,55 @@ def test_quick_run_measures_postgres_workers_and_latency(pg_report):
     assert 0 < p50["value"] <= p99["value"] < 1_000
     server = pg_report["postgres"]
     assert server["server_version"] and server["synchronous_commit"] and server["fsync"]
+
+
+def test_quick_run_times_worker_processes_from_the_database(quick_report):
+    rows = {row["id"]: row for row in quick_report["measurements"]}
+    sizes = quick_report["sizes"]
+    for name in RUNTIME_ROWS:
+        details = rows[name]["details"]
+        assert details["settings"] == "defaults" and details["workers"] == 1
+    assert rows["runtime.sqlite.workers_1"]["details"]["tasks_per_round"] == sizes[
+        "runtime_tasks"]
+    assert rows["runtime.sqlite.delivered"]["details"]["dispatchers"] == 1
+    assert rows["runtime.io.concurrency_8"]["details"]["concurrency"] == 8
+    assert rows["runtime.scheduled.future_3000"]["details"]["future_backlog"] == sizes[
+        "future_backlog"]
+
+
+def test_quick_run_reads_the_latency_of_an_idle_worker_from_its_handler(quick_report):
+    rows = {row["id"]: row for row in quick_report["measurements"]}
+    p50, p99 = rows["runtime.latency.sqlite.p50"], rows["runtime.latency.sqlite.p99"]
+    for row in (p50, p99):
+        assert row["unit"] == "ms" and row["round_ratios"] == []
+        assert len(row["rounds"]) == quick_report["sizes"]["rounds"]
+    assert 0 < p50["value"] <= p99["value"] < 1_000
+
+
+def test_quick_run_reads_worker_and_dispatcher_memory_after_warm_up_and_at_the_end(quick_report):
+    rows = {row["id"]: row for row in quick_report["measurements"]}
+    sizes = quick_report["sizes"]
+    for name in RSS_ROWS:
+        row = rows[name]
+        details = row["details"]
+        assert row["unit"] == "x" and details["tasks"] == sizes["rss_tasks"]
+        assert details["warm_up_tasks"] == sizes["rss_warm_up"]
+        assert details["rss_kib_after_warm_up"] > 0 and details["rss_kib_at_end"] > 0
+        assert row["value"] == pytest.approx(
+            details["rss_kib_at_end"] / details["rss_kib_after_warm_up"], rel=1e-3)
+
+
+def test_quick_run_measures_postgres_workers_against_a_raw_postgres_loop(pg_report):
+    rows = {row["id"]: row for row in pg_report["measurements"]}
+    rounds = pg_report["sizes"]["rounds"]
+    raw, workers = rows["pg.raw_commit_loop"], rows["runtime.pg.workers_4"]
+    assert raw["unit"] == "commits/s" and len(raw["rounds"]) == rounds + 1  # around each
+    assert workers["details"]["workers"] == 4
+    ratios = workers["details"]["round_ratios_to_pg_raw"]
+    assert ratios == pytest.approx([rate / ((raw["rounds"][index] + raw["rounds"][index + 1])
+                                            / 2)
+                                    for index, rate in enumerate(workers["rounds"])], rel=0.01)
+    assert 0 < rows["runtime.latency.pg.p50"]["value"] <= rows["runtime.latency.pg.p99"]["value"]
 
 
 def test_quick_run_drops_the_postgres_schemas_it_created(pg_report):
@@ -262,7 +325,8 @@ def test_unreachable_postgres_fails_the_run_before_anything_runs():
         assert done.returncode == 2, done.stdout + done.stderr
         assert "PostgreSQL at postgresql://postgres:***@127.0.0.1:1/postgres is unreachable" \
             in done.stderr
-        assert "pg-claim, pg-e2e, pg-latency need it" in done.stderr and "--only" in done.stderr
+        assert ("pg-claim, pg-e2e, pg-latency, pg-workers, pg-worker-latency, pg-rss need it"
+                in done.stderr and "--only" in done.stderr)
         assert "hidden" not in done.stderr and done.stdout == ""
         assert list(folder.iterdir()) == []
     finally:

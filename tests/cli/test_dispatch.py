@@ -185,11 +185,12 @@ def test_a_second_signal_ends_it_at_once_and_leases_recover_what_it_held(
         added = live_store.add_endpoint("planner", url, allow_private=True, concurrency=2)
         app = ReceiverApp(receiver, [added.secrets[0].secret])
         switch.app = stuck
-        with dispatcher(db_url) as first:
+        with dispatcher(db_url, "--log-level", "info") as first:
             until(lambda: any(live_store.reply(task).state is ReplyState.SENDING
                               for task in tasks))
             first.terminate()
-            time.sleep(0.2)
+            # Two signals before the first is handled are one signal: wait till it is heard.
+            until(lambda: "dispatcher stopping" in first.stderr())
             first.terminate()
             assert first.wait(5) == 143, first.tail()
         held = [task for task in tasks if live_store.reply(task).state is ReplyState.SENDING]

@@ -343,6 +343,20 @@ def test_a_message_below_its_streams_watermark_is_pruned_as_any_other(pruning, a
     assert store.watermark(auth, "feed") == 2
 
 
+def test_pruning_reports_its_progress_after_each_transaction(db_url, clock, make_url, auth):
+    settings = postroom.Settings(retention=60.0, sweep_limit=2)
+    with postroom.open_store(db_url, clock=clock, settings=settings) as store, \
+            postroom.Receiver.open(make_url("receiver")) as receiver:
+        for index in range(5):
+            store.receive(auth, envelope(f"m-{index}", deadline=START + 86_400))
+            store.finish(store.claim("w"), None)
+        store.dispatch(postroom.InProcessTransport(receiver), limit=5)
+        clock.advance(61)
+        totals: list[int] = []
+        assert store.prune(progress=totals.append) == 5
+        assert totals == [2, 4, 5]
+
+
 def test_pruning_keeps_live_tasks_and_unsent_replies(db_url, clock):
     settings = postroom.Settings(retention=60.0)
     auth = postroom.AuthContext(principal="planner")

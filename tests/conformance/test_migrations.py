@@ -7,7 +7,7 @@ import pytest
 import postroom
 import postroom.transitions
 from postroom.db import Database, dialect_for_url
-from tests.support import database_of
+from tests.support import database_of, envelope
 
 #: Describe a schema from the database's own catalog: tables, columns, indexes.
 SNAPSHOT = {
@@ -77,6 +77,33 @@ def test_a_schema_newer_than_the_code_is_refused(db_url):
             dialect.commit(conn)
     with pytest.raises(postroom.SchemaError, match="version 99"):
         postroom.open_store(db_url)
+
+
+def test_opening_without_create_refuses_a_database_without_a_store(db_url):
+    with pytest.raises(postroom.StoreError):  # SQLite: no file to open; PostgreSQL: no tables
+        postroom.open_store(db_url, create=False)
+    database = Database(dialect_for_url(db_url))
+    try:
+        assert database.schema_version("store") == 0
+    finally:
+        database.close()
+
+
+def test_opening_without_create_leaves_an_older_schema_as_it_is(db_url):
+    database = Database(dialect_for_url(db_url))
+    try:
+        database.migrate("store", target=2)
+        with pytest.raises(postroom.SchemaError, match="postroom init upgrades it"):
+            postroom.open_store(db_url, create=False)
+        assert database.schema_version("store") == 2
+    finally:
+        database.close()
+
+
+def test_opening_without_create_opens_a_current_store(db_url, auth):
+    postroom.open_store(db_url).close()
+    with postroom.open_store(db_url, create=False) as store:
+        assert store.receive(auth, envelope()).task_id
 
 
 def test_a_store_upgraded_from_before_published_settings_publishes_its_openers(db_url):

@@ -17,8 +17,10 @@ import pytest
 import postroom  # noqa: F401 - importing postroom registers every module's fault points
 from postroom import faults
 from tests.crash.endpoint_scenarios import ENDPOINT_CRASHES
+from tests.crash.principal_scenarios import PRINCIPAL_CRASHES
 from tests.crash.scenarios import BULK_CRASHES, Call, Crash
 from tests.crash.scenarios import CRASHES as TASK_CRASHES
+from tests.crash.schedule_scenarios import SCHEDULE_CRASHES
 from tests.crash.wait_scenarios import WAIT_CRASHES
 from tests.crash.world import World
 from tests.harness.children import Child
@@ -28,7 +30,8 @@ from tests.support import START
 CODE = 86
 
 POINTS = [p.name for p in faults.registered()]
-CRASHES: dict[str, Crash] = {**TASK_CRASHES, **WAIT_CRASHES, **ENDPOINT_CRASHES}
+CRASHES: dict[str, Crash] = {**TASK_CRASHES, **WAIT_CRASHES, **ENDPOINT_CRASHES,
+                             **SCHEDULE_CRASHES, **PRINCIPAL_CRASHES}
 
 
 def crash_child(world: World, crash: Crash, point: str) -> None:

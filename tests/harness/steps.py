@@ -254,3 +254,48 @@ def _open_waits_on(ctx: Context, task_ids: list[str], flow: str,
         except postroom.NotFound:
             answers.append({"task_id": task_id, "result": "not_found"})
     return answers
+
+
+# -- periodic schedules ------------------------------------------------------------------------
+
+
+@step("schedule_add")
+def _schedule_add(ctx: Context, schedule: str, cron: str = "0 * * * *",
+                  **fields: Any) -> postroom.Periodic:
+    return ctx.store.add_schedule(schedule, cron, operator="op", **fields)
+
+
+@step("schedule_pause")
+def _schedule_pause(ctx: Context, schedule: str) -> bool:
+    return ctx.store.pause_schedule(schedule, operator="op")
+
+
+@step("schedule_resume")
+def _schedule_resume(ctx: Context, schedule: str) -> bool:
+    return ctx.store.resume_schedule(schedule, operator="op")
+
+
+@step("schedule_remove")
+def _schedule_remove(ctx: Context, schedule: str) -> bool:
+    return ctx.store.remove_schedule(schedule)
+
+
+@step("schedule_round")
+def _schedule_round(ctx: Context, limit: int = 100) -> list[postroom.Ack]:
+    """One round of the due schedules; the ACK of each period's task."""
+    return ctx.store.enqueue_due_schedules(limit=limit)
+
+# -- principals of the HTTP service ---------------------------------------------------------------
+
+
+@step("add_principal")
+def _add_principal(ctx: Context, principal: str, role: str,
+                   queues: list[str] | None = None) -> str:
+    """Add a principal; its token (as the CLI shows it once)."""
+    return ctx.store.add_principal(principal, role, queues=queues or ()).token
+
+
+@step("rotate_token")
+def _rotate_token(ctx: Context, principal: str) -> str:
+    """A new token for a principal (the old one stops at once)."""
+    return ctx.store.rotate_token(principal).token

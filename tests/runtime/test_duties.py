@@ -16,6 +16,7 @@ from postroom.runtime.deadlines import DeadlineSweeper
 from postroom.runtime.duty import Duties
 from postroom.runtime.pruner import Pruner
 from postroom.runtime.rescuer import LeaseRescuer
+from postroom.runtime.scheduler import Scheduler
 from postroom.runtime.wait_timer import WaitTimer
 from tests.runtime.support import FAST, eventually, running, send
 from tests.support import SETTINGS, START, envelope
@@ -113,6 +114,25 @@ def test_the_pruner_forgets_what_retention_no_longer_promises(db_url, clock, aut
         assert Pruner(s).run_once() == 1
         with pytest.raises(postroom.NotFound):
             s.task(task_id)
+
+
+def test_the_scheduler_enqueues_a_period_once_it_has_begun(store, clock):
+    store.add_schedule("tick", "* * * * *", operator="op")
+    assert Scheduler(store).run_once() == 0
+    clock.advance(60)
+    assert Scheduler(store).run_once() == 1
+    assert Scheduler(store).run_once() == 0
+    assert store.list_tasks(principal="schedule:tick").items[0].state == TaskState.PENDING
+
+
+def test_a_workers_scheduler_enqueues_what_its_handlers_then_run(store, clock):
+    ran = threading.Event()
+    app = App()
+    app.add_handler("ticks", lambda payload, ctx: ran.set())
+    store.add_schedule("tick", "* * * * *", operator="op", queue="ticks")
+    clock.advance(60)  # the first period has begun
+    with running(store, app, dataclasses.replace(FAST, duties=True)):
+        assert ran.wait(10)
 
 
 class _Flaky:

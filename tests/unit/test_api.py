@@ -17,6 +17,10 @@ PUBLIC = [
     "WaitOpening", "WaitState",
     # endpoints and webhooks
     "AddressRefused", "BadSignature", "Endpoint", "EndpointSecret", "Schedule",
+    # periodic schedules
+    "Missed", "Periodic",
+    # principals of the HTTP service
+    "Issued", "Principal", "Role",
 ]
 
 

@@ -5,7 +5,7 @@ Every import counts, wherever it stands (a lazy import inside a function, or one
 the type checker, is a dependency all the same). The layers, top down:
 
     Face      cli, __main__, demo*, _bench        what users run
-    Service   http                                the network face (later)
+    Service   http, client                        the network face and its client
     Runtime   runtime                             workers, duties, dispatcher
     Facade    store, __init__                     validate, one transaction, delegate
     Rules     inbox, tasks, outbox, waits, ...    each rule inside a caller's transaction
@@ -27,14 +27,14 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "postroom"
 #: Layers from the ground up; a module belongs to the first layer whose prefix names it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("Core", ("errors", "models", "validation", "transitions", "machines", "clock", "faults",
-              "settings", "log", "signing")),
+              "settings", "log", "signing", "cron")),
     ("DB", ("db",)),
     ("Rules", ("inbox", "tasks", "outbox", "waits", "receiver", "retention", "status", "queues",
-               "audit", "transports", "endpoints")),
+               "schedules", "audit", "transports", "endpoints", "principals")),
     ("Facade", ("store", "__init__")),
     ("Runtime", ("runtime",)),
-    ("Service", ("http",)),
-    ("Face", ("cli", "__main__", "demo", "demo_waits", "_bench")),
+    ("Service", ("http", "client")),
+    ("Face", ("cli", "cli_ops", "__main__", "demo", "demo_waits", "demo_handlers", "_bench")),
 ]
 RANK = {name: rank for rank, (name, _) in enumerate(LAYERS)}
 

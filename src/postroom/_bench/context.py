@@ -63,16 +63,34 @@ class Sizes:
     latency_tasks: int
     #: Pages each commit rewrites in the commit-cost loops, one figure per count.
     commit_pages: tuple[int, ...]
+    #: Tasks per round of the runtime scenarios on SQLite (one worker; worker + dispatcher)
+    #: and on PostgreSQL (four workers).
+    runtime_tasks: int
+    pg_runtime_tasks: int
+    #: Tasks per round of the 50 ms I/O-bound handler, at each concurrency.
+    io_tasks: int
+    #: Tasks delivered before the first RSS reading, and in all, on SQLite and PostgreSQL.
+    rss_warm_up: int
+    rss_tasks: int
+    pg_rss_tasks: int
+    #: Tasks scheduled in the future, and due tasks per round, of the scheduling scenario.
+    future_backlog: int
+    due_tasks: int
     #: Messages per ``receive_atomic`` call when building a backlog (the store's maximum).
     build_batch: int = 10_000
 
 
 FULL = Sizes(raw_commits=1_000, rounds=7, backlogs=(1_000, 100_000, 1_000_000),
              claim_cycles=500, single_tasks=300, batch_size=500, batches=4, signals=500,
-             pg_workers=(1, 4, 16), latency_tasks=300, commit_pages=(1, 2, 4, 6, 8, 12))
+             pg_workers=(1, 4, 16), latency_tasks=300, commit_pages=(1, 2, 4, 6, 8, 12),
+             runtime_tasks=10_000, pg_runtime_tasks=3_000, io_tasks=160, rss_warm_up=10_000,
+             rss_tasks=100_000, pg_rss_tasks=100_000, future_backlog=1_000_000,
+             due_tasks=1_000)
 QUICK = Sizes(raw_commits=100, rounds=2, backlogs=(100, 1_000, 3_000), claim_cycles=40,
               single_tasks=20, batch_size=50, batches=2, signals=30, pg_workers=(1, 4),
-              latency_tasks=50, commit_pages=(1, 6), build_batch=1_000)
+              latency_tasks=50, commit_pages=(1, 6), build_batch=1_000,
+              runtime_tasks=200, pg_runtime_tasks=200, io_tasks=16, rss_warm_up=300,
+              rss_tasks=1_000, pg_rss_tasks=600, future_backlog=3_000, due_tasks=100)
 
 
 class Target(Protocol):
@@ -145,7 +163,7 @@ class Measurement:
     def to_dict(self) -> dict[str, Any]:
         """The row as plain JSON values."""
         return {"id": self.id, "label": self.label, "backend": self.backend, "unit": self.unit,
-                "value": round(self.value, 1),
+                "value": round(self.value, 4 if self.unit == "x" else 1),
                 "ratio_to_raw": None if self.ratio is None else round(self.ratio, 4),
                 "rounds": [round(rate, 1) for rate in self.rounds.rates],
                 "round_ratios": [round(ratio, 4) for ratio in self.rounds.ratios],
@@ -170,6 +188,18 @@ class Context:
         the same disk, which a machine shared with other work needs. ``before`` runs
         untimed ahead of each round, e.g. to top a backlog up.
         """
+        def clocked() -> tuple[int, float]:
+            start = time.perf_counter()
+            units = work()
+            return units, time.perf_counter() - start
+
+        return self.measured_rounds(clocked, before=before)
+
+    def measured_rounds(self, work: Callable[[], tuple[int, float]], *,
+                        before: Callable[[], None] | None = None) -> Rounds:
+        """As ``timed_rounds``, for a ``work`` that times itself: it returns the units it
+        did and the seconds they took (e.g. read from the database, when other processes
+        did the work)."""
         rates: list[float] = []
         ratios: list[float] = []
         raw_after = 0.0
@@ -177,9 +207,8 @@ class Context:
             if before is not None:
                 before()
             raw_before = raw_after if index else self.baseline.round()
-            start = time.perf_counter()
-            units = work()
-            rate = units / (time.perf_counter() - start)
+            units, seconds = work()
+            rate = units / seconds
             raw_after = self.baseline.round()
             rates.append(rate)
             ratios.append(rate / ((raw_before + raw_after) / 2))

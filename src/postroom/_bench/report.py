@@ -76,6 +76,8 @@ def render(report: dict[str, Any]) -> str:
             "no ratio.",
             ["measurement", "median", "ratio to raw SQLite commits/s (median)", "rounds"],
             [_figure(row) for row in postgres_rows])
+    if any(row["id"].startswith("runtime.") for row in rows):
+        lines += ["", "## Through the runtime", "", _RUNTIME]
     if report["bars"]:
         lines += _section("Bars", "", ["bar", "measured", "required", "result"],
                           [_bar(bar) for bar in report["bars"]])
@@ -171,6 +173,18 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+_RUNTIME = (
+    "The `runtime.*` figures are made by real `postroom worker` (and `postroom dispatch "
+    "--receiver`) processes with their default settings (`WorkerSettings()`: concurrency 16, "
+    "prefetch 0, settle_batch 500, linger 2 ms, poll 1 s, duties on), running "
+    "`postroom._bench.handlers`. A round receives its tasks one at a time into a paused queue "
+    "(not timed), resumes it with every process ready and idle, and lasts from the first "
+    "claim to the last task done (or reply delivered), read from the tasks' attempt history "
+    "and the replies' `sent_at`. A latency runs from `receive` returning to the handler "
+    "starting (the handler returns `time.monotonic()`). An RSS figure is `VmRSS` at the end "
+    "of the long run over `VmRSS` after the warm-up.")
+
+
 def write(report: dict[str, Any], path: Path) -> None:
     """Write ``render(report)`` to ``path``."""
     path.write_text(render(report), "utf-8")
@@ -221,7 +235,9 @@ def _bar(bar: dict[str, Any]) -> list[str]:
 
 
 def _number(value: float, unit: str) -> str:
-    """Rates as whole numbers, latencies to a tenth of a millisecond."""
+    """Rates as whole numbers, latencies to a tenth of a millisecond, quotients to 3 places."""
+    if unit == "x":
+        return f"{value:.3f}"
     return f"{value:,.1f}" if unit == "ms" else f"{value:,.0f}"
 
 

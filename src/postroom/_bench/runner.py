@@ -14,7 +14,14 @@ from typing import Any, Literal
 
 from postroom._bench import machine
 from postroom._bench.context import Context, Measurement, Sizes, SQLiteTarget, Target
-from postroom._bench.scenarios import claim_backlog, commit_cost, end_to_end, postgres, waits
+from postroom._bench.scenarios import (
+    claim_backlog,
+    commit_cost,
+    end_to_end,
+    postgres,
+    runtime,
+    waits,
+)
 from postroom._bench.scenarios.raw_sqlite import RawCommitLoop
 
 __all__ = ["SCENARIOS", "Bar", "Scenario", "add_page_ceilings", "bars_for", "default_folder",
@@ -39,6 +46,15 @@ SCENARIOS: dict[str, Scenario] = {
     "pg-claim": Scenario(postgres.run_claim, "postgres"),
     "pg-e2e": Scenario(postgres.run_end_to_end, "postgres"),
     "pg-latency": Scenario(postgres.run_latency, "postgres"),
+    "worker": Scenario(runtime.run_worker),
+    "delivered": Scenario(runtime.run_delivered),
+    "worker-latency": Scenario(runtime.run_sqlite_latency),
+    "concurrency": Scenario(runtime.run_concurrency),
+    "scheduled": Scenario(runtime.run_scheduled),
+    "rss": Scenario(runtime.run_rss),
+    "pg-workers": Scenario(runtime.run_pg_workers, "postgres"),
+    "pg-worker-latency": Scenario(runtime.run_pg_latency, "postgres"),
+    "pg-rss": Scenario(runtime.run_pg_rss, "postgres"),
 }
 
 
@@ -116,6 +132,57 @@ def bars_for(rows: Sequence[Measurement]) -> list[Bar]:
                         required=10.0, basis="value", kind="maximum",
                         text="PostgreSQL enqueue-to-start latency of an idle worker, p50 "
                              "<= 10 ms"))
+    return bars + _runtime_bars(ids)
+
+
+def _runtime_bars(ids: set[str]) -> list[Bar]:
+    """The bars of the runtime issue: real ``postroom worker`` and ``dispatch`` processes."""
+    bars = []
+    if "runtime.sqlite.workers_1" in ids:
+        bars.append(Bar(id="worker_vs_raw", numerator="runtime.sqlite.workers_1",
+                        denominator="raw_sqlite", required=0.5,
+                        text="one `postroom worker` process on SQLite: tasks/s >= 0.5x raw "
+                             "commits/s"))
+    if {"runtime.pg.workers_4", "pg.raw_commit_loop"} <= ids:
+        bars.append(Bar(id="pg_workers_vs_raw_pg", numerator="runtime.pg.workers_4",
+                        denominator="pg.raw_commit_loop", required=0.75, basis="value",
+                        text="4 `postroom worker` processes on PostgreSQL: tasks/s >= 0.75x "
+                             "the raw PostgreSQL commit loop's commits/s (median rates "
+                             "divided)"))
+    if "runtime.sqlite.delivered" in ids:
+        bars.append(Bar(id="delivered_vs_raw", numerator="runtime.sqlite.delivered",
+                        denominator="raw_sqlite", required=0.3,
+                        text="one worker + one `postroom dispatch --receiver` on SQLite: tasks "
+                             "delivered/s >= 0.3x raw commits/s"))
+    for key, what in (("sqlite", "SQLite"), ("pg", "PostgreSQL")):
+        if f"runtime.latency.{key}.p50" in ids:
+            bars.append(Bar(id=f"worker_latency_{key}_p50",
+                            numerator=f"runtime.latency.{key}.p50", denominator=None,
+                            required=5.0, basis="value", kind="maximum",
+                            text=f"{what}: an idle `postroom worker`'s enqueue-to-start "
+                                 "latency, p50 <= 5 ms"))
+    one, eight = "runtime.io.concurrency_1", "runtime.io.concurrency_8"
+    if {one, eight} <= ids:
+        bars.append(Bar(id="concurrency_8_vs_1", numerator=eight, denominator=one,
+                        required=6.0, basis="value",
+                        text="50 ms async handler: tasks/s at concurrency 8 >= 6x those at "
+                             "concurrency 1 (median rates divided)"))
+    for key, what in (("sqlite", "SQLite"), ("pg", "PostgreSQL")):
+        for name, command in (("worker", "worker"), ("dispatcher", "dispatch")):
+            row = f"runtime.rss.{key}.{name}"
+            if row in ids:
+                bars.append(Bar(id=f"rss_{key}_{name}", numerator=row, denominator=None,
+                                required=1.1, basis="value", kind="maximum",
+                                text=f"{what}: `postroom {command}` RSS at the end of the long "
+                                     "run within 10% of its RSS after the warm-up"))
+    scheduled = sorted((row for row in ids if row.startswith("runtime.scheduled.future_")),
+                       key=lambda row: int(row.rpartition("_")[2]))
+    if len(scheduled) >= 2:
+        bars.append(Bar(id="due_claims_flat_under_future_backlog", numerator=scheduled[-1],
+                        denominator=scheduled[0], required=0.7,
+                        text=f"one `postroom worker` on due tasks with "
+                             f"{int(scheduled[-1].rpartition('_')[2]):,} scheduled in the "
+                             "future >= 0.7x its rate with none"))
     return bars
 
 

@@ -16,7 +16,9 @@ server or framework can serve it; it needs neither). For each POST it:
    ``Retry-After``) when its database is briefly unavailable.
 
 So a delivery whose answer was lost is simply sent again and acknowledged as a duplicate,
-with no second effect.
+with no second effect. A server that does not speak ASGI (``postroom demo``'s, on the
+standard library's ``http.server``) asks ``refuse_length`` before it reads a body and
+``take`` with it: the same checks, answered the same way.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from postroom import (
@@ -87,26 +89,49 @@ class ReceiverApp:
             headers = {name.decode("latin-1").lower(): value.decode("latin-1")
                        for name, value in scope["headers"]}
             body = await self._body(headers, receive)
-            try:
-                text = body.decode("utf-8")
-                reply_id = verify(self._secrets, headers, text, now=self._clock(),
-                                  tolerance=self._tolerance)
-            except UnicodeDecodeError:
-                raise _Refused(400, "the body is not UTF-8") from None
-            except BadSignature as exc:
-                raise _Refused(401, str(exc)) from None
-            except InvalidInput as exc:
-                raise _Refused(400, str(exc)) from None
-            status, answer = await asyncio.to_thread(self._accept, reply_id, text)
+            # In a thread: the receiver's database is synchronous.
+            status, answer = await asyncio.to_thread(self.take, headers, body)
         except _Refused as refused:
             status, answer = refused.status, {"error": refused.problem}
         await _respond(send, status, answer)
 
-    async def _body(self, headers: dict[str, str], receive: Receive) -> bytes:
+    def refuse_length(self, headers: Mapping[str, str]) -> tuple[int, dict[str, Any]] | None:
+        """The answer to a POST whose ``content-length`` (``headers`` in lower case) is
+        unreadable or too long, before any of its body is read; ``None`` when it may be
+        read."""
+        try:
+            self._check_length(headers)
+        except _Refused as refused:
+            return refused.status, {"error": refused.problem}
+        return None
+
+    def take(self, headers: Mapping[str, str], body: bytes) -> tuple[int, dict[str, Any]]:
+        """Verify one POST (``headers`` in lower case) and take its reply into the receiver:
+        the HTTP status to answer and the JSON document to answer with (the module
+        docstring lists them). Synchronous: any server can call it, from one of its threads.
+        """
+        if len(body) > self._max_body:
+            return 413, {"error": f"the body may have at most {self._max_body} bytes"}
+        try:
+            text = body.decode("utf-8")
+            reply_id = verify(self._secrets, headers, text, now=self._clock(),
+                              tolerance=self._tolerance)
+        except UnicodeDecodeError:
+            return 400, {"error": "the body is not UTF-8"}
+        except BadSignature as exc:
+            return 401, {"error": str(exc)}
+        except InvalidInput as exc:
+            return 400, {"error": str(exc)}
+        return self._accept(reply_id, text)
+
+    def _check_length(self, headers: Mapping[str, str]) -> None:
         declared = headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self._max_body):
             raise _Refused(413 if declared.isdigit() else 400,
                            f"the body may have at most {self._max_body} bytes")
+
+    async def _body(self, headers: dict[str, str], receive: Receive) -> bytes:
+        self._check_length(headers)
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -122,7 +147,7 @@ class ReceiverApp:
                 return b"".join(chunks)
 
     def _accept(self, reply_id: str, body: str) -> tuple[int, dict[str, Any]]:
-        """Take the reply (in a thread: the receiver's database is synchronous)."""
+        """Take the verified reply into the receiver."""
         try:
             ack = self.receiver.accept(reply_id, body)
         except PayloadCollision as exc:

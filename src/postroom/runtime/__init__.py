@@ -12,7 +12,7 @@ face (nothing here is needed to use a store from a program of one's own).
 - ``duty``: the one start/stop protocol of the background duties, and the runner that keeps
   a duty's crash from killing the process; the duties themselves are ``rescuer`` (expired
   leases), ``deadlines`` (passed deadlines), ``wait_timer`` (due waits), ``continuations``
-  (resuming ended waits) and ``pruner`` (retention).
+  (resuming ended waits), ``pruner`` (retention) and ``scheduler`` (periodic schedules).
 
     from postroom.runtime import App, Context
 

@@ -22,8 +22,8 @@ One worker is one owner of claims, with ``concurrency`` slots (and, per queue, a
                 any outcome, with a reason naming the timeout. A coroutine's slot frees once it
                 unwinds; a plain function's thread cannot be stopped, so its slot stays taken
                 until it returns (what it returns is ignored);
-    duties   -- the lease rescuer, deadline sweeper, wait timer, continuation runner and
-                pruner (``postroom.runtime.duty``), unless turned off.
+    duties   -- the lease rescuer, deadline sweeper, wait timer, continuation runner,
+                pruner and scheduler (``postroom.runtime.duty``), unless turned off.
 
 Stopping (``stop()``, which the CLI calls on SIGTERM or SIGINT): no more claims; running
 handlers have ``grace`` seconds to end (their outcomes are committed as usual); then every
@@ -60,6 +60,7 @@ from postroom.runtime.duty import Duties, Duty, check_interval
 from postroom.runtime.handlers import App, Context, HandlerSpec, PermanentFailure
 from postroom.runtime.pruner import Pruner
 from postroom.runtime.rescuer import LeaseRescuer
+from postroom.runtime.scheduler import Scheduler
 from postroom.runtime.wait_timer import WaitTimer
 from postroom.settings import check_lease
 from postroom.store import Store
@@ -655,7 +656,7 @@ class Worker:
     def _default_duties(self) -> list[Duty]:
         store = self._store
         duties: list[Duty] = [LeaseRescuer(store), DeadlineSweeper(store), WaitTimer(store),
-                              Pruner(store)]
+                              Pruner(store), Scheduler(store)]
         if self._app.steps:
             duties.append(ContinuationRunner(store, self._app))
         return duties

@@ -1,0 +1,520 @@
+"""The API's handlers and the schemas of what they take and answer.
+
+Each handler takes a ``Call`` (its body and query already checked against the schemas its
+route declares in ``postroom.http.app``) and returns an ``Answer``; it runs in a worker
+thread and calls the store, which checks every limit again and owns every rule. What the
+service adds is who may see and touch what (``postroom.principals``' ``may_*``):
+
+- a record the caller may not see is answered exactly as a missing one (``NOT_FOUND``);
+- a worker's outcome names only ``task_id`` and ``fence``: the claim is rebuilt from the
+  stored task, never from fields the worker sends back, and must be held by this worker
+  (``owner_of``) in a queue it is granted, else 409 ``lease-lost`` (or 404 outside its
+  queues);
+- names the store records as "who decided" (an operator's re-run, requeue, pause) are the
+  caller's own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping
+from enum import Enum
+from typing import Any
+from urllib.parse import quote
+
+import postroom
+from postroom import (
+    AttemptOutcome,
+    Claim,
+    Envelope,
+    Fenced,
+    FollowUp,
+    InvalidInput,
+    NotFound,
+    OpenWait,
+    Role,
+    Task,
+    TaskState,
+    Wait,
+)
+from postroom.http.problems import NOT_FOUND, Problem
+from postroom.http.routing import Answer, Call
+from postroom.http.schemas import Schema, array, boolean, integer, nullable, number, obj, text
+from postroom.principals import may_answer, may_read_task, may_read_wait, may_work
+
+__all__ = ["owner_of", "plain"]
+
+MAX_BATCH = 1000  # items in one HTTP batch (the store allows more; a request stays small)
+MAX_CLAIMS = 100
+
+# -- schemas --------------------------------------------------------------------------------
+
+ANY: Schema = {}
+OBJECT: Schema = {"type": "object"}
+TASK_ID = text(64)
+REASON = text(4096)
+FENCE = integer(1, 2**62)
+LEASE = number(exclusiveMinimum=0, maximum=86_400)
+
+ENVELOPE = obj({
+    "message_id": text(128), "payload": OBJECT, "deadline": number(),
+    "max_attempts": integer(1, 10), "hops": integer(0, 2**31 - 1), "queue": text(),
+    "correlation_id": text(), "parent_task_id": TASK_ID, "not_before": nullable(number()),
+    "priority": integer(-10, 10),
+}, required=("message_id", "payload", "deadline"))
+BATCH = obj({"envelopes": array(ENVELOPE, max_items=MAX_BATCH, min_items=1)},
+            required=("envelopes",))
+ACK = obj({"ack": {"type": "string"}, "task_id": {"type": "string"},
+           "duplicate": {"type": "boolean"}}, required=("ack", "task_id", "duplicate"))
+ACKS = obj({"acks": array(ACK, max_items=MAX_BATCH)}, required=("acks",))
+TASK = obj({"task_id": {"type": "string"}, "state": {"type": "string"}}, required=(
+    "task_id", "state"), closed=False)
+PAGE = obj({"items": {"type": "array"}, "next_cursor": nullable({"type": "string"})},
+           required=("items", "next_cursor"))
+STATES = {"enum": [state.value for state in TaskState], "type": "string"}
+TASK_QUERY: Mapping[str, Schema] = {
+    "state": STATES, "queue": text(), "principal": text(), "created_after": number(),
+    "created_before": number(), "limit": integer(1, 1000), "cursor": text(4096),
+}
+REASON_BODY = obj({"reason": REASON}, required=("reason",))
+OPTIONAL_REASON = obj({"reason": REASON})
+CLAIM_BODY = obj({"queues": array(text(), max_items=64, min_items=1),
+                  "limit": integer(1, MAX_CLAIMS), "lease": LEASE,
+                  "wait": number(minimum=0, maximum=3600)})
+CLAIM = obj({"task_id": {"type": "string"}, "fence": {"type": "integer"},
+             "payload": OBJECT}, required=("task_id", "fence", "payload"), closed=False)
+CLAIMS = obj({"claims": array(CLAIM, max_items=MAX_CLAIMS)}, required=("claims",))
+FOLLOW_UP = obj({"message_id": text(128), "payload": OBJECT, "queue": text(),
+                 "deadline": number(), "max_attempts": integer(1, 10),
+                 "correlation_id": text()}, required=("message_id", "payload"))
+OPEN_WAIT = obj({"flow": text(), "step": text(), "deadline": number(),
+                 "expected_generation": integer(0, 2**31 - 1), "request_id": text(),
+                 "responder": text()}, required=("flow", "step", "deadline"))
+RENEW_BODY = obj({"fence": FENCE, "lease": LEASE}, required=("fence",))
+FINISH_BODY = obj({"fence": FENCE, "result": ANY,
+                   "follow_ups": array(FOLLOW_UP, max_items=100),
+                   "waits": array(OPEN_WAIT, max_items=16)}, required=("fence",))
+FAIL_BODY = obj({"fence": FENCE, "reason": REASON, "retryable": boolean()},
+                required=("fence", "reason"))
+RELEASE_BODY = obj({"fence": FENCE, "delay": number(minimum=0, maximum=365 * 86_400)},
+                   required=("fence",))
+OPEN_WAIT_BODY = obj({**OPEN_WAIT["properties"], "task_id": TASK_ID},
+                     required=("flow", "step", "deadline"))
+SIGNAL_BODY = obj({"event_id": text(), "value": ANY}, required=("event_id",))
+WAIT_QUERY: Mapping[str, Schema] = {"due_before": number(), "responder": text(),
+                                    "limit": integer(1, 1000), "cursor": text(4096)}
+GENERATION_QUERY: Mapping[str, Schema] = {"generation": integer(1, 2**31 - 1)}
+PAGE_QUERY: Mapping[str, Schema] = {"limit": integer(1, 1000), "cursor": text(4096)}
+RETRY_BODY = obj({"reason": REASON, "deadline": number()}, required=("reason",))
+RETRIES_BODY = obj({
+    "reason": REASON, "state": {"type": "string", "enum": ["failed", "expired", "cancelled"]},
+    "queue": text(), "created_after": number(), "created_before": number(),
+    "dry_run": boolean(), "limit": integer(1, 1000)}, required=("reason",))
+RESULT: Schema = {"type": "object"}
+
+# -- what the store's records look like over HTTP -------------------------------------------
+
+
+def plain(value: Any) -> Any:
+    """A record as JSON values: dataclasses as objects, enums as their values."""
+    if isinstance(value, Enum):
+        return value.value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {item.name: plain(getattr(value, item.name))
+                for item in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {str(plain(key)): plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(item) for item in value]
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return None
+    return value
+
+
+def owner_of(call: Call) -> str:
+    """The owner a worker's claims are recorded under."""
+    return f"http:{call.principal.name}"
+
+
+def _page(page: postroom.Page[Any]) -> Answer:
+    return Answer(body={"items": [plain(item) for item in page.items],
+                        "next_cursor": page.next_cursor})
+
+
+_EMPTY = Answer(body={"items": [], "next_cursor": None})
+
+
+def _own(call: Call, whose: str) -> dict[str, Any] | None:
+    """A listing's query, held to the caller's own records unless it is an operator
+    (``None``: it asked for another principal's, which it never sees)."""
+    query = dict(call.query)
+    if call.principal.role is not Role.OPERATOR:
+        if query.get(whose, call.principal.name) != call.principal.name:
+            return None
+        query[whose] = call.principal.name
+    return query
+
+
+def _visible_task(call: Call, task_id: str) -> Task:
+    try:
+        task = call.store.task(task_id)
+    except NotFound:
+        raise NOT_FOUND from None
+    if not may_read_task(call.principal, task):
+        raise NOT_FOUND
+    return task
+
+
+def _visible_wait(call: Call, generation: int | None = None) -> Wait:
+    try:
+        wait = call.store.wait(call.params["flow"], call.params["step"], generation)
+    except NotFound:
+        raise NOT_FOUND from None
+    if not may_read_wait(call.principal, wait):
+        raise NOT_FOUND
+    return wait
+
+
+def _claim_of(call: Call) -> Claim:
+    """The claim the calling worker holds on the path's task at the body's fence, rebuilt
+    from the stored task."""
+    try:
+        task = call.store.task(call.params["task_id"])
+    except NotFound:
+        raise NOT_FOUND from None
+    if not may_work(call.principal, task.queue):
+        raise NOT_FOUND
+    fence = call.body["fence"]
+    if (task.state is not TaskState.RUNNING or task.owner != owner_of(call)
+            or task.fence != fence or task.lease_until is None):
+        raise Fenced(task.task_id, f"not held by this worker at fence {fence}")
+    return Claim(task_id=task.task_id, owner=task.owner, fence=task.fence,
+                 attempt=task.attempts, max_attempts=task.max_attempts, payload=task.payload,
+                 queue=task.queue, hops=task.hops, deadline=task.deadline,
+                 lease_until=task.lease_until, principal=task.principal,
+                 message_id=task.message_id, correlation_id=task.correlation_id,
+                 requester=task.requester)
+
+
+def _claim_json(claim: Claim) -> dict[str, Any]:
+    return {"task_id": claim.task_id, "fence": claim.fence, "attempt": claim.attempt,
+            "max_attempts": claim.max_attempts, "payload": claim.payload,
+            "queue": claim.queue, "hops": claim.hops, "deadline": claim.deadline,
+            "lease_until": claim.lease_until, "principal": claim.principal,
+            "message_id": claim.message_id, "correlation_id": claim.correlation_id,
+            "requester": claim.requester}
+
+
+def _envelope(call: Call, body: Mapping[str, Any]) -> Envelope:
+    fields = {name: body[name] for name in (
+        "max_attempts", "hops", "queue", "correlation_id", "parent_task_id", "not_before",
+        "priority") if name in body}
+    return Envelope(message_id=body["message_id"], sender=call.principal.name,
+                    payload=body["payload"], deadline=body["deadline"], **fields)
+
+
+def _location(task_id: str) -> dict[str, str]:
+    return {"location": f"/v1/tasks/{quote(task_id, safe='')}"}
+
+
+# -- health ---------------------------------------------------------------------------------
+
+
+def healthz(call: Call) -> Answer:
+    """Whether the service runs (it does not look at the database)."""
+    return Answer(body={"ok": True})
+
+
+def readyz(call: Call) -> Answer:
+    """Whether the service can reach its database."""
+    try:
+        call.store.paused_queues()
+    except postroom.PostroomError as exc:
+        raise Problem(503, "not-ready", "Not ready", type(exc).__name__,
+                      headers={"retry-after": "1"}) from exc
+    return Answer(body={"ok": True})
+
+
+def whoami(call: Call) -> Answer:
+    """The authenticated principal: its name, role and granted queues."""
+    return Answer(body=call.principal.to_dict())
+
+
+# -- agents: submitting and reading their tasks ---------------------------------------------
+
+
+def submit(call: Call) -> Answer:
+    """Submit a task: 202 once it is durably stored (a resend is a duplicate).
+
+    The sender is the caller. The same ``message_id`` again answers the same task
+    (``duplicate: true``); with other content it is 409 ``payload-collision`` and the stored
+    task is untouched.
+    """
+    assert call.caller is not None
+    ack = call.store.receive(call.caller.auth, _envelope(call, call.body))
+    return Answer(status=202, body=ack.to_dict(), headers=_location(ack.task_id))
+
+
+def submit_batch(call: Call) -> Answer:
+    """Submit tasks one commit each, in order: on a failure, the committed prefix stands.
+
+    A refusal answers the failing item's problem with ``failed_index`` and the ``acks`` of
+    the items before it, which are stored: fix the item and send the rest again (resending
+    the prefix answers duplicates, never new tasks).
+    """
+    assert call.caller is not None
+    acks = call.store.receive_batch(call.caller.auth, [
+        _envelope(call, item) for item in call.body["envelopes"]])
+    return Answer(body={"acks": [ack.to_dict() for ack in acks]})
+
+
+def submit_atomic(call: Call) -> Answer:
+    """Submit tasks all together in one transaction, or none of them."""
+    assert call.caller is not None
+    acks = call.store.receive_atomic(call.caller.auth, [
+        _envelope(call, item) for item in call.body["envelopes"]])
+    return Answer(body={"acks": [ack.to_dict() for ack in acks]})
+
+
+def list_tasks(call: Call) -> Answer:
+    """A page of tasks, newest first (an agent sees only its own).
+
+    Filters combine; pass ``next_cursor`` back as ``cursor`` with the same filters.
+    """
+    query = _own(call, "principal")
+    return _page(call.store.list_tasks(**query)) if query is not None else _EMPTY
+
+
+def get_task(call: Call) -> Answer:
+    """One task as stored."""
+    return Answer(body=plain(_visible_task(call, call.params["task_id"])))
+
+
+def get_story(call: Call) -> Answer:
+    """Everything durable about a task: attempts, reply, deliveries, requeues, waits."""
+    task = _visible_task(call, call.params["task_id"])
+    return Answer(body=plain(call.store.story(task.task_id)))
+
+
+def get_reply(call: Call) -> Answer:
+    """A task's reply (404 while the task is not terminal)."""
+    task = _visible_task(call, call.params["task_id"])
+    reply = call.store.reply(task.task_id)
+    if reply is None:
+        raise NOT_FOUND
+    return Answer(body=plain(reply))
+
+
+# -- workers: claims and their outcomes -----------------------------------------------------
+
+
+def claim(call: Call) -> Answer:
+    """Claim up to ``limit`` tasks of the caller's granted queues, waiting up to ``wait``
+    seconds (bounded by the service) for one to come."""
+    body = call.body
+    granted = call.principal.queues
+    queues = body.get("queues", list(granted))
+    for index, queue in enumerate(queues):
+        if queue not in granted:
+            raise Problem(403, "forbidden", "Forbidden",
+                          f"queue {queue!r} is not granted to this worker",
+                          field=f"queues[{index}]")
+    limit = body.get("limit", 1)
+    wait = min(float(body.get("wait", 0)), call.limits.max_poll)
+    deadline = time.monotonic() + wait
+    # Made before the first claim, so work announced while it runs wakes the first wait.
+    waiter = call.store.waiter(queues) if wait > 0 else None
+    while True:
+        claims = call.store.claim_batch(owner_of(call), limit, queues=queues,
+                                        lease=body.get("lease"))
+        left = deadline - time.monotonic()
+        if claims or left <= 0 or waiter is None:
+            return Answer(body={"claims": [_claim_json(item) for item in claims]})
+        waiter.wait(min(left, 1.0))
+
+
+def renew(call: Call) -> Answer:
+    """Extend the lease of the caller's claim on a task (``fence`` names the claim)."""
+    renewed = call.store.renew(_claim_of(call), lease=call.body.get("lease"))
+    return Answer(body={"task_id": renewed.task_id, "fence": renewed.fence,
+                        "lease_until": renewed.lease_until})
+
+
+#: What each outcome's attempt ended as, and the task's state it answers.
+_ENDS = {
+    "finish": {AttemptOutcome.DONE: TaskState.DONE},
+    "fail": {AttemptOutcome.RETRY: TaskState.PENDING, AttemptOutcome.FAILED: TaskState.FAILED},
+    "release": {AttemptOutcome.RELEASED: TaskState.PENDING},
+}
+
+
+def _outcome(call: Call, kind: str, commit: Callable[[Claim], Answer]) -> Answer:
+    """Commit an outcome of the caller's claim; a retry of one that committed already (its
+    answer was lost) answers it again, ``replay: true``, instead of ``lease-lost``."""
+    try:
+        return commit(_claim_of(call))
+    except Fenced:
+        story = call.store.story(call.params["task_id"])
+        for attempt in story.attempts:
+            if (attempt.fence == call.body["fence"] and attempt.owner == owner_of(call)
+                    and attempt.outcome in _ENDS[kind]):
+                return Answer(body={"state": _ENDS[kind][attempt.outcome].value,
+                                    "replay": True})
+        raise
+
+
+def finish(call: Call) -> Answer:
+    """Finish the caller's claim on a task with ``result``; its follow-ups and waits commit
+    with it. A retry after a lost answer is answered ``replay: true``."""
+    body = call.body
+    follow_ups = [FollowUp(**item) for item in body.get("follow_ups", ())]
+    waits = [OpenWait(**item) for item in body.get("waits", ())]
+
+    def commit(claim: Claim) -> Answer:
+        openings = call.store.finish(claim, body.get("result"), follow_ups=follow_ups,
+                                     waits=waits)
+        return Answer(body={"state": TaskState.DONE.value, "replay": False,
+                            "waits": [plain(opening) for opening in openings]})
+
+    return _outcome(call, "finish", commit)
+
+
+def fail(call: Call) -> Answer:
+    """Report the caller's claim on a task failed: retried after a backoff while attempts
+    remain and ``retryable`` (default), else failed for good."""
+    def commit(claim: Claim) -> Answer:
+        state = call.store.fail(claim, call.body["reason"],
+                                retryable=call.body.get("retryable", True))
+        return Answer(body={"state": state.value, "replay": False})
+
+    return _outcome(call, "fail", commit)
+
+
+def release(call: Call) -> Answer:
+    """Hand the caller's claim on a task back unfinished (no attempt is counted)."""
+    def commit(claim: Claim) -> Answer:
+        call.store.release(claim, delay=call.body.get("delay", 0.0))
+        return Answer(body={"state": TaskState.PENDING.value, "replay": False})
+
+    return _outcome(call, "release", commit)
+
+
+# -- waits and signals ----------------------------------------------------------------------
+
+
+def open_wait(call: Call) -> Answer:
+    """Open the next generation of a wait (a compare-and-set on the slot's generation)."""
+    body = call.body
+    opening = call.store.open_wait(
+        body["flow"], body["step"], body.get("expected_generation", 0), body["deadline"],
+        request_id=body.get("request_id"), task_id=body.get("task_id"),
+        responder=body.get("responder"))
+    return Answer(body=plain(opening))
+
+
+def list_waits(call: Call) -> Answer:
+    """A page of open waits, earliest deadline first (a human sees those addressed to it)."""
+    query = _own(call, "responder")
+    return _page(call.store.list_waits(**query)) if query is not None else _EMPTY
+
+
+def get_wait(call: Call) -> Answer:
+    """One generation of a wait (the current one unless ``generation`` is given)."""
+    return Answer(body=plain(_visible_wait(call, call.query.get("generation"))))
+
+
+def signal(call: Call) -> Answer:
+    """Answer one generation of a wait addressed to the caller.
+
+    The result is ``accepted``, ``too_late``, ``closed``, ``stale_generation``, ``replay``
+    (the same ``event_id`` and value again) or ``conflict`` (the same ``event_id``, another
+    value).
+    """
+    assert call.caller is not None
+    generation = _generation(call.params["generation"])
+    wait = _visible_wait(call, generation)
+    if not may_answer(call.principal, wait):  # an operator, for a wait addressed to another
+        raise Problem(403, "forbidden", "Forbidden",
+                      "this wait adopts only the answer of the principal it is addressed to")
+    receipt = call.store.signal(call.caller.auth, call.body["event_id"], wait.flow, wait.step,
+                                wait.generation, call.body.get("value"))
+    return Answer(body=plain(receipt))
+
+
+def _generation(text_value: str) -> int:
+    if not text_value.isdigit() or len(text_value) > 10:
+        raise InvalidInput("generation", "must be a positive integer")
+    return int(text_value)
+
+
+# -- operators ------------------------------------------------------------------------------
+
+
+def cancel(call: Call) -> Answer:
+    """Cancel a pending or running task (``cancelled: false`` if it had ended)."""
+    task_id = _visible_task(call, call.params["task_id"]).task_id
+    cancelled = call.store.cancel(task_id, reason=call.body.get("reason", "cancelled"))
+    return Answer(body={"task_id": task_id, "cancelled": cancelled})
+
+
+def status(call: Call) -> Answer:
+    """Every queue's four stages, counted apart: received, processing, outcomes, delivery."""
+    return Answer(body=plain(call.store.status()))
+
+
+def dead_replies(call: Call) -> Answer:
+    """A page of dead replies, the longest dead first."""
+    return _page(call.store.list_dead_replies(**call.query))
+
+
+def requeue(call: Call) -> Answer:
+    """Send a dead reply again: a recorded decision of the caller's, with its reason."""
+    reply_id = call.params["reply_id"]
+    call.store.requeue_reply(reply_id, operator=call.principal.name,
+                             reason=call.body["reason"])
+    return Answer(body={"reply_id": reply_id, "requeued": True})
+
+
+def retry(call: Call) -> Answer:
+    """Run a failed, expired or cancelled task again, as a new task linked to it."""
+    task_id = _visible_task(call, call.params["task_id"]).task_id
+    made = call.store.retry(task_id, operator=call.principal.name,
+                            reason=call.body["reason"], deadline=call.body.get("deadline"))
+    return Answer(status=201, body=plain(made), headers=_location(made.new_task_id))
+
+
+def retry_many(call: Call) -> Answer:
+    """Run again every failed, expired or cancelled task the filters name (``dry_run``:
+    only list them)."""
+    body = dict(call.body)
+    found = call.store.retry_many(operator=call.principal.name, **body)
+    key = "tasks" if body.get("dry_run") else "retries"
+    return Answer(body={key: [plain(item) for item in found]})
+
+
+def paused_queues(call: Call) -> Answer:
+    """Every paused queue, with who paused it, when and why."""
+    return Answer(body={"paused": [plain(item) for item in call.store.paused_queues()]})
+
+
+def pause(call: Call) -> Answer:
+    """Pause a queue for every host (``paused: false`` if it was paused already)."""
+    queue = call.params["queue"]
+    paused = call.store.pause_queue(queue, operator=call.principal.name,
+                                    reason=call.body["reason"])
+    return Answer(body={"queue": queue, "paused": paused})
+
+
+def resume(call: Call) -> Answer:
+    """Resume a paused queue (``resumed: false`` if it was not paused)."""
+    queue = call.params["queue"]
+    return Answer(body={"queue": queue, "resumed": call.store.resume_queue(queue)})
+
+
+def audit(call: Call) -> Answer:
+    """Check the store's invariants (SPEC §8): the violations found, none when all hold."""
+    found = call.store.audit()
+    return Answer(body={"ok": not found, "violations": [
+        {"check": item.check, "identity": item.identity, "detail": item.detail}
+        for item in found]})

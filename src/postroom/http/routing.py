@@ -1,0 +1,363 @@
+"""How one route of the table is served: its declaration (``Route``), what its handler is
+given (``Call``) and returns (``Answer``), the guard every request passes (body size, time),
+and the OpenAPI document built from the table.
+
+A request to a ``Route`` goes, in order:
+
+1. the guard (``Guard``, ASGI middleware over the whole app): a body over ``max_body`` is
+   refused with 413 from its ``Content-Length``, or as soon as more arrives while streaming,
+   before anything parses it; the whole request must be answered within ``timeout``;
+2. authentication (``postroom.http.auth``): unless the route is public, the bearer token
+   must belong to an active principal whose role the route admits (401, 403);
+3. the query parameters and the JSON body are parsed and checked against the route's
+   declared schemas (400 naming the field);
+4. the handler runs in a worker thread (the store is synchronous) and its ``Answer`` is
+   sent as JSON; a ``Problem`` it raises, or a postroom error (``problem_for``), is sent as
+   problem+json.
+
+Every answer carries an ``x-request-id``; problem bodies do not, so two answers of the same
+problem are byte-identical.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import uuid
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.to_thread
+from starlette.requests import Request
+from starlette.responses import Response
+
+from postroom import InvalidInput, PostroomError, Principal, Role, Store
+from postroom.http import schemas
+from postroom.http.auth import Caller, authenticate
+from postroom.http.problems import CONTENT_TYPE, Problem, problem_for
+
+__all__ = ["Answer", "Call", "Guard", "Limits", "Route", "endpoint", "openapi"]
+
+_log = logging.getLogger("postroom.http")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+ASGIApp = Callable[..., Any]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Limits:
+    """What one request may cost the service."""
+
+    #: The largest request body, in bytes (refused with 413 before it is parsed).
+    max_body: int = 1024 * 1024
+    #: Seconds within which every request is answered (503 ``timeout`` otherwise).
+    timeout: float = 30.0
+    #: The longest a claim may wait for work (its ``wait``), below ``timeout``.
+    max_poll: float = 20.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_body <= 64 * 1024 * 1024:
+            raise InvalidInput("max_body", "must be 1 byte .. 64 MiB")
+        if not 0 < self.timeout <= 3600:
+            raise InvalidInput("timeout", "must be in (0, 3600] seconds")
+        if not 0 <= self.max_poll < self.timeout:
+            raise InvalidInput("max_poll", "must be at least 0 and below timeout")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Answer:
+    """A handler's JSON answer."""
+
+    body: Any
+    status: int = 200
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Call:
+    """What a handler is given: the store, the caller (``None`` on a public route), and the
+    request's path parameters, query and body, already checked against the route's schemas.
+    """
+
+    store: Store
+    caller: Caller | None
+    params: Mapping[str, str]
+    query: Mapping[str, Any]
+    body: Any
+    limits: Limits
+
+    @property
+    def principal(self) -> Principal:
+        """The authenticated principal (a route's handler runs only once there is one)."""
+        assert self.caller is not None, "a public route has no principal"
+        return self.caller.principal
+
+
+Handler = Callable[[Call], Answer]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Route:
+    """One operation of the API: its method and path, who may call it (``roles``; ``None``
+    for a public route), the schemas of its query, body and answers, and its handler (a
+    plain function, run in a worker thread; its docstring's first line is its summary)."""
+
+    method: str
+    path: str
+    handler: Handler
+    roles: frozenset[Role] | None
+    body: schemas.Schema | None = None
+    query: Mapping[str, schemas.Schema] = field(default_factory=dict)
+    answers: Mapping[int, schemas.Schema] = field(default_factory=dict)
+    tag: str = "tasks"
+
+    @property
+    def name(self) -> str:
+        """The operation's id: its handler's name."""
+        return self.handler.__name__
+
+    @property
+    def summary(self) -> str:
+        """The first line of its handler's docstring."""
+        return (self.handler.__doc__ or self.name).strip().splitlines()[0]
+
+    @property
+    def path_params(self) -> list[str]:
+        """The names of its path parameters, in order."""
+        return re.findall(r"\{([a-z_]+)\}", self.path)
+
+
+# -- the guard ------------------------------------------------------------------------------
+
+
+class Guard:
+    """ASGI middleware: bodies over ``limits.max_body`` are refused (413) before they are
+    read whole, and every request is answered within ``limits.timeout`` (503)."""
+
+    def __init__(self, app: ASGIApp, limits: Limits) -> None:
+        self.app = app
+        self.limits = limits
+
+    async def __call__(self, scope: Scope, receive: Callable[[], Any],
+                       send: Callable[[Message], Any]) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+        request_id = uuid.uuid4().hex
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                message["headers"] = [*message.get("headers", []),
+                                      (b"x-request-id", request_id.encode("ascii"))]
+            await send(message)
+
+        limit = self.limits.max_body
+        declared = _header(scope, b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            await _send_problem(sending, _too_large(limit) if declared.isdigit() else Problem(
+                400, "invalid-input", "Invalid input", "content-length is not a number",
+                field="content-length"))
+            return
+        seen = 0
+
+        async def receiving() -> Message:
+            nonlocal seen
+            message: Message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise _too_large(limit)
+            return message
+
+        try:
+            with anyio.fail_after(self.limits.timeout):
+                await self.app(scope, receiving, sending)
+        except Problem as problem:
+            if not started:
+                await _send_problem(sending, problem)
+        except TimeoutError:
+            _log.warning("request timed out", extra={"path": scope.get("path")})
+            if not started:
+                await _send_problem(sending, Problem(
+                    503, "timeout", "Timed out",
+                    f"the request was not answered within {self.limits.timeout:g} s",
+                    headers={"retry-after": "1"}))
+
+
+def _too_large(limit: int) -> Problem:
+    return Problem(413, "too-large", "Body too large",
+                   f"a request body may have at most {limit} bytes", field="body")
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+async def _send_problem(send: Callable[[Message], Any], problem: Problem) -> None:
+    body = problem.body()
+    headers = [(b"content-type", CONTENT_TYPE.encode()),
+               (b"content-length", str(len(body)).encode())]
+    headers += [(key.encode("latin-1"), value.encode("latin-1"))
+                for key, value in problem.headers.items()]
+    await send({"type": "http.response.start", "status": problem.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+# -- serving one route ----------------------------------------------------------------------
+
+
+def problem_response(problem: Problem) -> Response:
+    """``problem`` as a Starlette response."""
+    return Response(problem.body(), status_code=problem.status, media_type=CONTENT_TYPE,
+                    headers=problem.headers)
+
+
+def endpoint(route: Route, store: Store, limits: Limits) -> Callable[[Request], Any]:
+    """The Starlette endpoint that serves ``route``."""
+
+    async def serve(request: Request) -> Response:
+        try:
+            answer = await _serve(route, store, limits, request)
+        except Problem as problem:
+            return problem_response(problem)
+        except PostroomError as exc:
+            return problem_response(problem_for(exc))
+        payload = json.dumps(answer.body, ensure_ascii=False, allow_nan=False)
+        return Response(payload, status_code=answer.status, media_type="application/json",
+                        headers=dict(answer.headers))
+
+    serve.__name__ = route.name
+    return serve
+
+
+async def _serve(route: Route, store: Store, limits: Limits, request: Request) -> Answer:
+    raw = await request.body() if route.body is not None else b""
+    header = request.headers.get("authorization")
+    # One trip to a worker thread for the whole call: authenticating reads the database too.
+    return await anyio.to_thread.run_sync(_call, route, store, limits, request, header, raw,
+                                          abandon_on_cancel=True)
+
+
+def _call(  # noqa: PLR0917 - one worker-thread call carries the whole request
+        route: Route, store: Store, limits: Limits, request: Request, header: str | None,
+        raw: bytes) -> Answer:
+    caller = None
+    if route.roles is not None:
+        caller = authenticate(store, header)
+        if caller.principal.role not in route.roles:
+            raise Problem(403, "forbidden", "Forbidden",
+                          f"the {caller.principal.role.value} role may not call {route.name}")
+    query = {name: _query_value(name, request.query_params.get(name), schema)
+             for name, schema in route.query.items()
+             if request.query_params.get(name) is not None}
+    body = None
+    if route.body is not None:
+        body = _json(raw) if raw else {}
+        schemas.check(body, route.body, "")
+    call = Call(store=store, caller=caller, params=dict(request.path_params), query=query,
+                body=body, limits=limits)
+    try:
+        return route.handler(call)
+    except (Problem, PostroomError):
+        raise
+    except Exception as exc:  # a bug: logged, answered 500 without its text
+        _log.exception("route %s failed", route.name)
+        raise Problem(500, "internal", "Internal error", type(exc).__name__) from exc
+
+
+def _refuse_constant(name: str) -> Any:
+    raise InvalidInput("body", f"{name} is not a JSON number postroom accepts")
+
+
+def _json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+    except UnicodeDecodeError:
+        raise InvalidInput("body", "is not UTF-8") from None
+    except RecursionError:
+        raise InvalidInput("body", "is nested too deeply") from None
+    except json.JSONDecodeError as exc:
+        raise InvalidInput("body", f"is not JSON: {exc.msg} at {exc.pos}") from None
+
+
+def _query_value(name: str, text: str | None, schema: schemas.Schema) -> Any:
+    assert text is not None
+    kind = schema.get("type")
+    value: Any = text
+    if kind == "integer":
+        if not re.fullmatch(r"-?[0-9]{1,19}", text):
+            raise InvalidInput(name, "must be an integer")
+        value = int(text)
+    elif kind == "number":
+        try:
+            value = float(text)
+        except ValueError:
+            raise InvalidInput(name, "must be a number") from None
+        if not math.isfinite(value):
+            raise InvalidInput(name, "must be a finite number")
+    elif kind == "boolean":
+        if text not in ("true", "false"):
+            raise InvalidInput(name, "must be true or false")
+        value = text == "true"
+    schemas.check(value, schema, name)
+    return value
+
+
+# -- the OpenAPI document -------------------------------------------------------------------
+
+_PROBLEM = schemas.obj({
+    "type": {"type": "string"}, "title": {"type": "string"}, "status": {"type": "integer"},
+    "detail": {"type": "string"}, "field": {"type": "string"},
+}, required=("type", "title", "status"), closed=False)
+
+_ERRORS = {400: "Invalid input (`field` names it)", 401: "No valid token",
+           403: "The caller's role may not do this", 404: "No such record, or not yours",
+           409: "A conflict: a lost lease, a collision", 413: "Body too large",
+           503: "Store unavailable, or timed out: try again"}
+
+
+def openapi(routes: Sequence[Route], *, title: str, version: str) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of ``routes``."""
+    paths: dict[str, dict[str, Any]] = {}
+    for route in routes:
+        parameters = [{"name": name, "in": "path", "required": True,
+                       "schema": schemas.text(512)} for name in route.path_params]
+        parameters += [{"name": name, "in": "query", "required": False, "schema": schema}
+                       for name, schema in route.query.items()]
+        responses: dict[str, Any] = {
+            str(status): {"description": "OK", "content": {"application/json": {
+                "schema": schema}}} for status, schema in route.answers.items()}
+        errors = [400, 413, 503] if route.roles is None else list(_ERRORS)
+        for status in errors:
+            responses.setdefault(str(status), {"description": _ERRORS[status], "content": {
+                CONTENT_TYPE: {"schema": _PROBLEM}}})
+        operation: dict[str, Any] = {"operationId": route.name, "summary": route.summary,
+                                     "tags": [route.tag], "responses": responses}
+        if route.handler.__doc__:
+            operation["description"] = route.handler.__doc__.strip()
+        if parameters:
+            operation["parameters"] = parameters
+        if route.body is not None:
+            operation["requestBody"] = {"required": False, "content": {
+                "application/json": {"schema": route.body}}}
+        if route.roles is not None:
+            operation["security"] = [{"bearer": []}]
+            operation["x-roles"] = sorted(role.value for role in route.roles)
+        else:
+            operation["security"] = []
+        paths.setdefault(route.path, {})[route.method.lower()] = operation
+    return {"openapi": "3.1.0", "info": {"title": title, "version": version},
+            "paths": paths, "components": {"securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"}}},
+            "security": [{"bearer": []}]}

@@ -1,0 +1,325 @@
+"""The HTTP API through a real server on 127.0.0.1, on both backends."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import httpx
+
+from postroom.http.app import ROUTES, create_app
+from postroom.http.routing import Answer, Limits, Route
+from tests.service.conftest import Server
+from tests.support import START
+
+DEADLINE = START + 3600
+
+
+def submit(http: httpx.Client, message_id: str = "m-1", **fields: object) -> httpx.Response:
+    body = {"message_id": message_id, "payload": {"n": 1}, "deadline": DEADLINE, **fields}
+    return http.post("/v1/tasks", json=body)
+
+
+def claim(service, worker: str = "wendy", **body: object) -> dict:
+    answer = service.http(worker).post("/v1/claims", json=body)
+    assert answer.status_code == 200, answer.text
+    return answer.json()["claims"][0]
+
+
+def test_a_submitted_task_is_accepted_with_its_location(service):
+    with service.http("alice") as http:
+        answer = submit(http)
+        assert answer.status_code == 202
+        ack = answer.json()
+        assert ack == {"ack": "stored", "task_id": ack["task_id"], "duplicate": False}
+        task = http.get(answer.headers["location"]).json()
+    assert (task["task_id"], task["principal"], task["state"]) == (
+        ack["task_id"], "alice", "pending")
+
+
+def test_a_resent_task_replays_the_same_answer_as_a_duplicate(service):
+    with service.http("alice") as http:
+        first, again = submit(http), submit(http)
+    assert again.status_code == first.status_code == 202
+    assert again.headers["location"] == first.headers["location"]
+    assert again.json() == {**first.json(), "duplicate": True}
+
+
+def test_the_same_message_with_other_content_is_a_409_and_leaves_the_task(service):
+    with service.http("alice") as http:
+        first = submit(http, payload={"n": 1}).json()
+        clash = submit(http, payload={"n": 2})
+        kept = http.get(f"/v1/tasks/{first['task_id']}").json()
+    assert clash.status_code == 409
+    assert clash.headers["content-type"] == "application/problem+json"
+    assert clash.json()["type"] == "/problems/payload-collision"
+    assert kept["payload"] == {"n": 1}
+
+
+def test_the_sender_is_the_authenticated_principal_never_the_body(service):
+    with service.http("alice") as http:
+        answer = submit(http, sender="bob")
+    assert answer.status_code == 400 and answer.json()["field"] == "sender"
+
+
+def test_an_invalid_field_is_a_problem_naming_it(service):
+    with service.http("alice") as http:
+        answer = submit(http, max_attempts=11)
+    problem = answer.json()
+    assert answer.status_code == 400
+    assert (problem["type"], problem["field"], problem["status"]) == (
+        "/problems/invalid-input", "max_attempts", 400)
+
+
+def test_a_prefix_batch_keeps_the_committed_prefix_and_names_the_failing_item(service):
+    items = [{"message_id": f"b-{n}", "payload": {"n": n}, "deadline": DEADLINE}
+             for n in range(4)]
+    items[2]["payload"] = {"deep": too_deep()}
+    with service.http("alice") as http:
+        failed = http.post("/v1/batches", json={"envelopes": items})
+        items[2]["payload"] = {"n": 2}
+        resumed = http.post("/v1/batches", json={"envelopes": items})
+    problem = failed.json()
+    assert failed.status_code == 400
+    assert problem["failed_index"] == 2
+    assert problem["field"].startswith("envelopes[2].payload")
+    assert [ack["duplicate"] for ack in problem["acks"]] == [False, False]
+    assert [ack["duplicate"] for ack in resumed.json()["acks"]] == [True, True, False, False]
+
+
+def too_deep() -> object:
+    nested: object = 1
+    for _ in range(20):
+        nested = [nested]
+    return nested
+
+
+def test_an_atomic_batch_with_a_bad_item_stores_nothing(service):
+    items = [{"message_id": "a-1", "payload": {"n": 1}, "deadline": DEADLINE},
+             {"message_id": "a-2", "payload": {"n": too_deep()}, "deadline": DEADLINE}]
+    with service.http("alice") as http:
+        refused = http.post("/v1/batches/atomic", json={"envelopes": items})
+        listed = http.get("/v1/tasks").json()
+    assert refused.status_code == 400 and refused.json()["field"].startswith("envelopes[1]")
+    assert listed["items"] == []
+
+
+def test_a_body_that_is_not_json_is_a_400_naming_the_body(service):
+    with service.http("alice") as http:
+        answer = http.post("/v1/tasks", content=b'{"n": NaN}',
+                           headers={"content-type": "application/json"})
+    assert answer.status_code == 400 and answer.json()["field"] == "body"
+
+
+def test_tasks_are_listed_in_pages_by_cursor_with_filters(service):
+    with service.http("alice") as http:
+        for n in range(3):
+            submit(http, f"p-{n}", queue="q" if n else "default")
+            service.store.clock.advance(1)
+        first = http.get("/v1/tasks", params={"limit": 1, "queue": "q"}).json()
+        second = http.get("/v1/tasks", params={"limit": 1, "queue": "q",
+                                               "cursor": first["next_cursor"]}).json()
+    assert [item["message_id"] for item in first["items"] + second["items"]] == ["p-2", "p-1"]
+    assert second["next_cursor"] is None
+
+
+def test_a_claim_waits_for_work_and_wakes_when_it_arrives(service):
+    def later() -> None:
+        time.sleep(0.3)
+        with service.http("alice") as http:
+            submit(http)
+
+    threading.Thread(target=later).start()
+    started = time.monotonic()
+    claimed = claim(service, wait=5)
+    assert claimed["payload"] == {"n": 1} and claimed["fence"] == 1
+    assert time.monotonic() - started < 2.0
+
+
+def test_a_claim_waits_no_longer_than_the_service_allows(service, limits):
+    started = time.monotonic()
+    answer = service.http("wendy").post("/v1/claims", json={"wait": 60})
+    assert answer.json() == {"claims": []}
+    assert limits.max_poll <= time.monotonic() - started < limits.max_poll + 2
+
+
+def test_a_worker_claims_only_from_the_queues_it_is_granted(service):
+    answer = service.http("wendy").post("/v1/claims", json={"queues": ["other"]})
+    assert answer.status_code == 403 and answer.json()["field"] == "queues[0]"
+
+
+def test_finishing_writes_the_result_and_a_retry_is_answered_as_a_replay(service):
+    with service.http("alice") as http:
+        task_id = submit(http).json()["task_id"]
+    held = claim(service)
+    with service.http("wendy") as worker:
+        done = worker.post(f"/v1/tasks/{task_id}/finish",
+                           json={"fence": held["fence"], "result": {"ok": 1}})
+        again = worker.post(f"/v1/tasks/{task_id}/finish",
+                            json={"fence": held["fence"], "result": {"ok": 1}})
+    assert done.json()["replay"] is False and again.json()["replay"] is True
+    assert service.store.task(task_id).result == {"ok": 1}
+
+
+def test_a_stale_fence_is_409_lease_lost_and_writes_nothing(service):
+    with service.http("alice") as http:
+        task_id = submit(http).json()["task_id"]
+    held = claim(service)
+    with service.http("wendy") as worker:
+        stale = worker.post(f"/v1/tasks/{task_id}/finish",
+                            json={"fence": held["fence"] + 1, "result": 1})
+    assert stale.status_code == 409 and stale.json()["type"] == "/problems/lease-lost"
+    assert service.store.task(task_id).state == "running"
+
+
+def test_a_worker_cannot_send_back_claim_fields_for_the_server_to_trust(service):
+    with service.http("alice") as http:
+        task_id = submit(http).json()["task_id"]
+    held = claim(service)
+    with service.http("wendy") as worker:
+        forged = worker.post(f"/v1/tasks/{task_id}/finish", json={
+            "fence": held["fence"], "result": 1, "payload": {"n": 99}, "owner": "x"})
+    assert forged.status_code == 400
+    assert service.store.task(task_id).state == "running"
+
+
+def test_a_failure_returns_the_task_for_a_retry_and_release_gives_the_attempt_back(service):
+    with service.http("alice") as http:
+        task_id = submit(http).json()["task_id"]
+    held = claim(service)
+    with service.http("wendy") as worker:
+        failed = worker.post(f"/v1/tasks/{task_id}/fail",
+                             json={"fence": held["fence"], "reason": "flaky"})
+        service.store.clock.advance(10)
+        again = claim(service)
+        released = worker.post(f"/v1/tasks/{task_id}/release", json={"fence": again["fence"]})
+    assert failed.json()["state"] == "pending" and released.json()["state"] == "pending"
+    assert service.store.task(task_id).attempts == 1
+
+
+def test_a_renewal_moves_the_lease(service):
+    with service.http("alice") as http:
+        task_id = submit(http).json()["task_id"]
+    held = claim(service, lease=10)
+    renewed = service.http("wendy").post(f"/v1/tasks/{task_id}/renew",
+                                         json={"fence": held["fence"], "lease": 60})
+    assert renewed.json()["lease_until"] == START + 60
+
+
+def test_a_human_answers_the_wait_addressed_to_it_once(service):
+    with service.http("olga") as operator:
+        opened = operator.post("/v1/waits", json={
+            "flow": "refund-1", "step": "approve", "deadline": START + 60,
+            "responder": "hana"}).json()
+    with service.http("hana") as human:
+        listed = human.get("/v1/waits").json()["items"]
+        path = f"/v1/waits/refund-1/approve/{opened['generation']}/signal"
+        answer = human.post(path, json={"event_id": "e-1", "value": {"ok": True}}).json()
+        again = human.post(path, json={"event_id": "e-1", "value": {"ok": True}}).json()
+    assert [wait["flow"] for wait in listed] == ["refund-1"]
+    assert (answer["result"], again["result"]) == ("accepted", "replay")
+
+
+def test_operators_cancel_retry_pause_and_resume(service):
+    with service.http("alice") as http:
+        task_id = submit(http).json()["task_id"]
+    with service.http("olga") as operator:
+        paused = operator.post("/v1/queues/default/pause", json={"reason": "deploy"}).json()
+        queues = operator.get("/v1/queues").json()["paused"]
+        cancelled = operator.post(f"/v1/tasks/{task_id}/cancel", json={}).json()
+        rerun = operator.post(f"/v1/tasks/{task_id}/retry", json={"reason": "try again"})
+        dry = operator.post("/v1/retries", json={"reason": "all", "dry_run": True}).json()
+        resumed = operator.post("/v1/queues/default/resume").json()
+    assert paused["paused"] and [item["operator"] for item in queues] == ["olga"]
+    assert cancelled["cancelled"] is True
+    assert rerun.status_code == 201 and rerun.json()["operator"] == "olga"
+    assert [item["task_id"] for item in dry["tasks"]] == [task_id]
+    assert resumed["resumed"] is True
+
+
+def test_a_dead_reply_is_requeued_by_an_operator_with_a_reason(service):
+    with service.http("alice") as http:
+        task_id = submit(http).json()["task_id"]
+    service.store.cancel(task_id)
+    claims = service.store.claim_replies("d", limit=1)
+    service.store.record_delivery(claims[0], _permanent())
+    with service.http("olga") as operator:
+        dead = operator.get("/v1/replies/dead").json()["items"]
+        requeued = operator.post(f"/v1/replies/{dead[0]['reply_id']}/requeue",
+                                 json={"reason": "receiver fixed"})
+    assert requeued.status_code == 200
+    assert service.store.reply(task_id).state == "pending"
+
+
+def _permanent():
+    import postroom
+
+    return postroom.Outcome.permanent("422 refused")
+
+
+def test_status_counts_the_four_stages_and_the_audit_is_clean(service):
+    with service.http("alice") as http:
+        submit(http)
+    with service.http("olga") as operator:
+        status = operator.get("/v1/status").json()
+        audit = operator.get("/v1/audit").json()
+    assert status["queues"]["default"]["received"] == 1
+    assert audit == {"ok": True, "violations": []}
+
+
+def test_a_body_over_the_limit_is_refused_from_its_content_length(service, limits):
+    with service.http("alice") as http:
+        answer = http.post("/v1/tasks", content=b"{" + b" " * limits.max_body + b"}",
+                           headers={"content-type": "application/json"})
+    assert answer.status_code == 413 and answer.json()["type"] == "/problems/too-large"
+
+
+def test_a_streamed_body_over_the_limit_is_refused_before_it_ends(service, limits):
+    host, port = service.url.removeprefix("http://").split(":")
+    chunk = b" " * 65536
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(b"POST /v1/tasks HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
+                     b"\r\ntransfer-encoding: chunked\r\nauthorization: Bearer "
+                     + service.tokens["alice"].encode() + b"\r\n\r\n")
+        for _ in range(limits.max_body // len(chunk) + 1):  # over the limit, never ended
+            conn.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        answer = b""
+        while b"}" not in answer:
+            answer += conn.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 413 ")
+    assert b"/problems/too-large" in answer
+
+
+def test_every_request_is_answered_within_the_timeout(store):
+    def slow(call):
+        """Sleep."""
+        time.sleep(3)
+        return Answer(body={})
+
+    route = Route(method="GET", path="/slow", handler=slow, roles=None)
+    app = create_app(store, limits=Limits(timeout=0.5, max_poll=0.1), routes=[route])
+    with Server(app) as url:
+        started = time.monotonic()
+        answer = httpx.get(f"{url}/slow", timeout=10)
+    assert answer.status_code == 503 and answer.json()["type"] == "/problems/timeout"
+    assert time.monotonic() - started < 2
+
+
+def test_a_missing_or_bad_token_is_one_401(service):
+    with httpx.Client(base_url=service.url) as http:
+        answers = [http.get("/v1/me"), http.get("/v1/me", headers={"authorization": "Bearer x"}),
+                   http.get("/v1/me", headers={"authorization": "Basic eDp5"})]
+    assert {answer.status_code for answer in answers} == {401}
+    assert len({answer.content for answer in answers}) == 1
+    assert answers[0].headers["www-authenticate"].startswith("Bearer")
+
+
+def test_health_readiness_and_the_openapi_document_need_no_token(service):
+    with httpx.Client(base_url=service.url) as http:
+        health, ready = http.get("/healthz"), http.get("/readyz")
+        document = http.get("/openapi.json").json()
+    assert health.json() == ready.json() == {"ok": True}
+    assert document["openapi"] == "3.1.0"
+    assert {(route.method.lower(), route.path) for route in ROUTES} == {
+        (method, path) for path, item in document["paths"].items() for method in item}

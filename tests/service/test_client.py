@@ -1,0 +1,115 @@
+"""The Python client and the remote worker, against a real server, on both backends."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+import postroom
+from postroom.client import AsyncClient, Client, RemoteWorker
+from postroom.runtime import App, Context, PermanentFailure
+from tests.support import START
+
+DEADLINE = START + 3600
+
+
+def test_an_agent_submits_and_reads_its_task_through_the_client(service):
+    agent = service.client("alice")
+    ack = agent.submit("c-1", {"n": 1}, deadline=DEADLINE)
+    again = agent.submit("c-1", {"n": 1}, deadline=DEADLINE)
+    assert (ack.duplicate, again.duplicate, again.task_id) == (False, True, ack.task_id)
+    assert agent.task(ack.task_id)["state"] == "pending"
+
+
+def test_the_client_raises_postrooms_own_errors(service):
+    agent = service.client("alice")
+    with pytest.raises(postroom.InvalidInput) as invalid:
+        agent.submit("c-1", {"n": 1}, deadline=DEADLINE, max_attempts=0)
+    with pytest.raises(postroom.NotFound):
+        agent.task("0" * 64)
+    with pytest.raises(postroom.Unauthorized):
+        agent.status()
+    assert invalid.value.field == "max_attempts"
+
+
+def test_the_async_client_speaks_the_same_api(service):
+    async def run() -> tuple[postroom.Ack, dict]:
+        async with AsyncClient(service.url, service.tokens["alice"]) as agent:
+            ack = await agent.submit("a-1", {"n": 1}, deadline=DEADLINE)
+            return ack, await agent.task(ack.task_id)
+
+    ack, task = asyncio.run(run())
+    assert task["task_id"] == ack.task_id and task["principal"] == "alice"
+
+
+class LosesFirstAnswers(httpx.HTTPTransport):
+    """Sends every request, but loses the answer of the first ``count`` of ``paths``: the
+    request was served, the client never heard."""
+
+    def __init__(self, paths: tuple[str, ...], count: int = 1) -> None:
+        super().__init__()
+        self.paths = paths
+        self.count = count
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        if self.count and request.url.path.endswith(self.paths):
+            self.count -= 1
+            response.read()
+            response.close()
+            raise httpx.ReadError("connection lost", request=request)
+        return response
+
+
+def test_a_lost_answer_is_retried_safely_for_submits_and_outcomes(service):
+    agent = Client(service.url, service.tokens["alice"], backoff=0,
+                   transport=LosesFirstAnswers(("/v1/tasks",)))
+    worker = Client(service.url, service.tokens["wendy"], backoff=0,
+                    transport=LosesFirstAnswers(("/finish",)))
+    with agent, worker:
+        ack = agent.submit("r-1", {"n": 1}, deadline=DEADLINE)
+        (claim,) = worker.claim()
+        answer = worker.finish(claim, {"ok": True})
+    assert ack.duplicate is True  # the first send stored it
+    assert answer["replay"] is True  # the first finish committed it
+    assert len(service.store.list_tasks().items) == 1
+    assert service.store.task(ack.task_id).result == {"ok": True}
+
+
+def test_a_remote_worker_runs_an_apps_handlers_with_no_database(service):
+    app = App()
+
+    @app.handler("default")
+    def handle(payload: dict, ctx: Context) -> dict:
+        if payload.get("bad"):
+            raise PermanentFailure("no")
+        ctx.spawn("next", {"after": ctx.task_id}, queue="default")
+        ctx.open_wait(f"flow-{ctx.message_id}", "ask", START + 60, responder="hana")
+        return {"doubled": payload["n"] * 2}
+
+    agent = service.client("alice")
+    good = agent.submit("w-1", {"n": 21}, deadline=DEADLINE)
+    bad = agent.submit("w-2", {"n": 0, "bad": True}, deadline=DEADLINE)
+    worker = RemoteWorker(service.client("wendy"), app, batch=2)
+    assert worker.run_once() == 2
+    assert service.store.task(good.task_id).result == {"doubled": 42}
+    assert service.store.task(bad.task_id).state == "failed"
+    assert service.store.wait("flow-w-1", "ask").responder == "hana"
+    assert worker.settled == {"finish": 1, "fail": 1, "release": 0, "fenced": 0}
+
+
+def test_a_remote_worker_abandons_a_task_whose_claim_is_lost(service):
+    app = App()
+    store = service.store
+
+    @app.handler("default")
+    def handle(payload: dict, ctx: Context) -> None:
+        store.cancel(ctx.task_id)  # an operator cancels it while it runs
+
+    ack = service.client("alice").submit("x-1", {"n": 1}, deadline=DEADLINE)
+    worker = RemoteWorker(service.client("wendy"), app)
+    worker.run_once()
+    assert worker.settled["fenced"] == 1
+    assert store.task(ack.task_id).state == "cancelled"
