@@ -39,6 +39,8 @@ CHECKS: dict[str, tuple[str, ...]] = {
         "receipt_inconsistent_with_wait", "timed_out_before_deadline",
         "ended_wait_without_continuation", "continuation_value_mismatch",
         "continuation_effect_mismatch", "effect_task_mismatch", "wait_decided_after_high_water",
+        "limit_slots_mismatch", "slot_held_twice", "slot_of_another_queue",
+        "rerun_not_recorded", "available_before_not_before",
         "schedule_next_not_after_last", "schedule_task_ahead", "schedule_last_task_mismatch",
         "schedule_task_identity",
         "chain_over_budget", "task_without_chain", "approval_uses_mismatch",

@@ -7,7 +7,7 @@ import pytest
 import postroom
 from postroom.audit import audit_database, audit_url
 from postroom.validation import fingerprint
-from tests.support import database_of, envelope
+from tests.support import START, database_of, envelope
 
 
 def corrupt(store: postroom.Store, sql: str) -> None:
@@ -37,6 +37,40 @@ def checks(store: postroom.Store) -> set[str]:
 def test_a_healthy_store_and_receiver_are_clean(busy_store, receiver):
     assert audit_database(database_of(busy_store)) == []
     assert audit_database(database_of(receiver)) == []
+
+
+@pytest.fixture
+def limited_store(store, auth):
+    """A store with a queue limited to 2, one slot held by a running task, and a re-run."""
+    store.receive_atomic(auth, [envelope(f"m-{i}", not_before=START + 60 * i)
+                                for i in range(3)])
+    store.set_queue_limit("default", 2)
+    claim = store.claim("w")
+    store.cancel(claim.task_id)
+    store.retry(claim.task_id, operator="op", reason="again")
+    store.receive(auth, envelope("m-again"))
+    store.claim("w")
+    return store
+
+
+def test_a_healthy_limited_store_is_clean(limited_store):
+    assert audit_database(database_of(limited_store)) == []
+
+
+@pytest.mark.parametrize(("sql", "check"), [
+    ("DELETE FROM queue_slots WHERE slot = 2", "limit_slots_mismatch"),
+    ("UPDATE queue_limits SET running = 3", "limit_slots_mismatch"),
+    ("UPDATE queue_slots SET task_id = (SELECT task_id FROM queue_slots WHERE task_id IS NOT "
+     "NULL), fence = (SELECT fence FROM queue_slots WHERE task_id IS NOT NULL)",
+     "slot_held_twice"),
+    ("UPDATE tasks SET queue = 'other' WHERE state = 'running'", "slot_of_another_queue"),
+    ("DELETE FROM task_retries", "rerun_not_recorded"),
+    ("UPDATE tasks SET available_at = not_before - 1 WHERE not_before > available_at - 1 "
+     "AND state = 'pending' AND attempts = 0", "available_before_not_before"),
+])
+def test_each_broken_scheduling_invariant_is_named(limited_store, sql, check):
+    corrupt(limited_store, sql)
+    assert check in checks(limited_store)
 
 
 @pytest.mark.parametrize(("sql", "check"), [

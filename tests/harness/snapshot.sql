@@ -7,7 +7,8 @@
 -- holds a stream position above its stream's watermark (which pruning keeps).
 SELECT tasks.task_id, tasks.state, tasks.queue, tasks.owner, tasks.fence, tasks.attempts,
        tasks.max_attempts, tasks.lease_until, tasks.available_at, tasks.deadline, tasks.hops,
-       tasks.parent_task_id, tasks.result, inbox.fingerprint, inbox.received_at,
+       tasks.parent_task_id, tasks.result, tasks.not_before, tasks.priority, tasks.claim_at,
+       tasks.retry_of, inbox.fingerprint, inbox.received_at,
        CASE WHEN EXISTS (
            SELECT 1 FROM stream_positions
            JOIN streams ON streams.principal = stream_positions.principal
@@ -26,6 +27,22 @@ SELECT replies.reply_id, replies.task_id, replies.status, replies.fingerprint, r
        (SELECT count(*) FROM reply_requeues
         WHERE reply_requeues.reply_id = replies.reply_id) AS requeues
 FROM replies
+
+-- name: snapshot_paused_queues
+-- Every paused queue.
+SELECT queue, operator, reason, paused_at FROM paused_queues
+
+-- name: snapshot_queue_limits
+-- Every limited queue and its limit.
+SELECT queue, running FROM queue_limits
+
+-- name: snapshot_queue_slots
+-- Every slot of a limited queue, with the task and fence it was last taken for.
+SELECT queue, slot, task_id, fence FROM queue_slots
+
+-- name: snapshot_task_retries
+-- Every operator's re-run of a task.
+SELECT task_id, number, new_task_id, operator, reason, retried_at FROM task_retries
 
 -- name: snapshot_receipts
 -- Receiver: every receipt with how many business effects its reply id has.

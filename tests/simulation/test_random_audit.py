@@ -93,6 +93,33 @@ def test_a_guard_that_forgets_the_fence_is_reported(make_url, monkeypatch):
     assert any("stale claim" in problem for problem in violation.problems)
 
 
+def rewrite_query(monkeypatch, name: str, old: str, new: str) -> None:
+    """Plant a bug: query ``name`` with ``old`` (which it must hold) replaced by ``new``."""
+    load_queries = dialect_module.load_queries
+
+    def rewritten(fragments, convert):
+        queries = dict(load_queries(fragments, convert))
+        assert old in queries[name].sql
+        queries[name] = replace(queries[name], sql=queries[name].sql.replace(old, new))
+        return QuerySet(queries)
+
+    monkeypatch.setattr(dialect_module, "load_queries", rewritten)
+
+
+def test_a_claim_that_takes_no_slot_of_a_limited_queue_is_reported(make_url, monkeypatch):
+    rewrite_query(monkeypatch, "queue_controls",
+                  "(SELECT running FROM queue_limits WHERE", "(SELECT NULL FROM queue_limits WHERE")
+    violation = first_violation(make_url)
+    assert any("holds no slot" in problem for problem in violation.problems)
+
+
+def test_a_claim_that_ignores_a_pause_is_reported(make_url, monkeypatch):
+    rewrite_query(monkeypatch, "queue_controls",
+                  "(SELECT 1 FROM paused_queues WHERE", "(SELECT NULL FROM paused_queues WHERE")
+    violation = first_violation(make_url)
+    assert any("which allowed 0" in problem for problem in violation.problems)
+
+
 def test_decisions_that_follow_a_clock_stepping_back_are_reported(make_url, monkeypatch):
     original = Dialect.decision_time
 

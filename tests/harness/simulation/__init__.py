@@ -10,6 +10,7 @@
 - ``rounds``     real processes released together on one store, some SIGKILLed, then
                  drained and checked end to end (``burst`` is the process);
 - ``waits``      the wait operations, their model and checks, registered into the tables;
+- ``scheduling`` paused and limited queues and re-runs, registered into the tables;
 - ``wait_rounds`` real processes racing on a few contested waits, exactly one winner each
                  (``wait_burst`` is the process).
 
@@ -30,7 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.harness.simulation import waits  # noqa: F401 - importing it registers waits in the tables
+from tests.harness.simulation import (  # noqa: F401 - importing them registers them in the tables
+    scheduling,
+    waits,
+)
 from tests.harness.simulation.rounds import RoundsResult, run_rounds
 from tests.harness.simulation.runner import SeedResult, Violation, run_seed
 from tests.harness.simulation.wait_rounds import WaitRoundsResult, run_wait_rounds

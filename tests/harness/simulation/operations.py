@@ -15,6 +15,7 @@ and restart, as a client retrying the original operation would.
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -57,7 +58,7 @@ from tests.harness.simulation.world import (
 )
 from tests.support import database_of
 
-__all__ = ["OPERATIONS", "Action", "Broken", "Operation", "Step", "born_state"]
+__all__ = ["OPERATIONS", "Action", "Broken", "Operation", "Step", "born_state", "pick_task"]
 
 
 class Broken(Exception):
@@ -372,18 +373,62 @@ def _claimable(row: Row, now: float) -> bool:
                 and row["attempts"] < row["max_attempts"])
 
 
+def _claim_bounds(snapshot: Snapshot, queues: Sequence[str], caps: dict[str, int],
+                  limit: int, now: float) -> dict[str, tuple[int, int]]:
+    """Per queue, how many a claim may take, and how many it surely can if tasks wait: none
+    of a paused queue, at most its cap, at most the free slots of a limited one. A slot's
+    holder whose lease or deadline passed may or may not be swept by the claim first (the
+    sweep is bounded), so it counts as held only for the second number."""
+    paused = snapshot.tables.get("paused_queues", {})
+    limits = snapshot.tables.get("queue_limits", {})
+    slots = snapshot.tables.get("queue_slots", {}).values()
+    bounds = {}
+    for queue in queues:
+        most = 0 if queue in paused else min(limit, caps.get(queue, limit))
+        surely = most
+        if queue in limits:
+            holders = [task for slot in slots if slot["queue"] == queue
+                       and (task := snapshot.tasks.get(slot["task_id"])) is not None
+                       and task["state"] == TaskState.RUNNING
+                       and task["fence"] == slot["fence"]]
+            live = [task for task in holders
+                    if task["lease_until"] > now and task["deadline"] > now]
+            running = int(limits[queue]["running"])
+            most = min(most, max(0, running - len(live)))
+            surely = min(surely, max(0, running - len(holders)))
+        bounds[queue] = (most, surely)
+    return bounds
+
+
 def _plan_claim(world: World, limit: int) -> Action:
     rng = world.rng
     owner = rng.choice(OWNERS)
     queues = rng.sample(QUEUES, rng.randint(1, len(QUEUES)))
     lease = rng.choice((None, None, 5.0, 120.0))
+    # Sometimes the claimer caps some of its queues (a worker's --concurrency QUEUE=N).
+    caps = ({queue: rng.randint(0, 2) for queue in rng.sample(queues, rng.randint(1, len(queues)))}
+            if rng.random() < 0.4 else {})
 
     def act(step: Step) -> str:
         world = step.world
         seconds = world.settings.lease if lease is None else lease
-        claims = world.store.claim_batch(owner, limit, queues=queues, lease=lease)
+        claims = world.store.claim_batch(owner, limit, queues=queues, lease=lease,
+                                         per_queue=caps or None)
         before, after, now = step.before, step.after(), step.now
         step.expect(len(claims) <= limit, f"claimed {len(claims)} with a limit of {limit}")
+        bounds = _claim_bounds(before, queues, caps, limit, now)
+        taken = Counter(claim.queue for claim in claims)
+        for queue, count in taken.items():
+            step.expect(count <= bounds[queue][0],
+                        f"claimed {count} of {queue}, which allowed {bounds[queue][0]} "
+                        f"(paused, capped or limited)")
+        open_queues = {queue for queue in queues if taken[queue] < bounds[queue][1]}
+        seats = {(slot["task_id"], slot["fence"])
+                 for slot in after.tables.get("queue_slots", {}).values()}
+        for claim in claims:  # a claim of a limited queue takes one of its slots
+            step.expect(claim.queue not in before.tables.get("queue_limits", {})
+                        or (claim.task_id, claim.fence) in seats,
+                        f"claimed {claim.task_id} of limited {claim.queue} holds no slot")
         for claim in claims:
             was, row = before.tasks.get(claim.task_id), after.tasks.get(claim.task_id)
             step.expect(was is not None and row is not None, f"claimed unknown {claim.task_id}")
@@ -402,16 +447,18 @@ def _plan_claim(world: World, limit: int) -> Action:
                         f"until {row['lease_until']}")
         claimed = {claim.task_id for claim in claims}
         waiting = [row for task_id, row in before.tasks.items()
-                   if task_id not in claimed and row["queue"] in queues
+                   if task_id not in claimed and row["queue"] in open_queues
                    and row["state"] == TaskState.PENDING and _claimable(row, now)]
         if len(claims) < limit:
             step.expect(not waiting, f"claimed {len(claims)} of {limit} while "
                                      f"{len(waiting)} claimable tasks waited")
         if limit == 1 and claims:
+            # Each task's turn is its availability moved earlier by its priority (claim_at).
             was = before.tasks[claims[0].task_id]
-            since = was["available_at"] if was["state"] == TaskState.PENDING else now
-            older = [row["task_id"] for row in waiting if row["available_at"] < since]
-            step.expect(not older, f"claimed {claims[0].task_id} before older {older[:3]}")
+            since = (was["claim_at"] if was["state"] == TaskState.PENDING
+                     else now - was["priority"] * world.settings.priority_weight)
+            older = [row["task_id"] for row in waiting if row["claim_at"] < since]
+            step.expect(not older, f"claimed {claims[0].task_id} before earlier {older[:3]}")
         world.remember_claims(claims)
         return "claimed" if claims else "empty"
 
@@ -574,14 +621,19 @@ def plan_stale_worker(world: World) -> Action | None:
     return act
 
 
+def pick_task(world: World, wanted: Callable[[Row], bool], share: float) -> str | None:
+    """A stored task: with chance ``share`` one that is ``wanted`` (if any), otherwise any."""
+    tasks = world.last.tasks
+    chosen = [task_id for task_id, row in tasks.items() if wanted(row)]
+    pool = chosen if chosen and world.rng.random() < share else list(tasks)
+    return world.rng.choice(pool) if pool else None
+
+
 def plan_cancel(world: World) -> Action | None:
     """Cancel a task: live ones are cancelled, terminal ones refuse."""
-    tasks = world.last.tasks
-    live = [task_id for task_id, row in tasks.items() if row["state"] not in TERMINAL]
-    pool = live if live and world.rng.random() < 0.75 else list(tasks)
-    if not pool:
+    task_id = pick_task(world, lambda row: row["state"] not in TERMINAL, 0.75)
+    if task_id is None:
         return None
-    task_id = world.rng.choice(pool)
 
     def act(step: Step) -> str:
         was = step.before.tasks.get(task_id)

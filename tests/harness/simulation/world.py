@@ -204,11 +204,16 @@ class World:
         sender = principal if principal is not None else rng.choice(PRINCIPALS)
         self.counter += 1
         now = self.clock.now()
+        deadline = deadline if deadline is not None else now + rng.uniform(20.0, 1500.0)
+        # Some run later (held until not_before) and some first or last (a priority).
+        later = rng.random() < 0.15 and deadline > now + 2
         envelope = Envelope(
             message_id=f"m-{self.counter}",
             sender=sender,
             payload=self.payload(),
-            deadline=deadline if deadline is not None else now + rng.uniform(20.0, 1500.0),
+            deadline=deadline,
+            not_before=rng.uniform(now + 1, min(now + 120, deadline - 1)) if later else None,
+            priority=rng.choice((0, 0, 0, 0, -3, 2, 5)),
             max_attempts=rng.randint(1, 4),
             hops=hops if hops is not None else rng.choice((0, 0, 0, 1, 2)),
             queue=rng.choice(QUEUES),

@@ -315,6 +315,54 @@ FROM (
 ) AS decided, (SELECT max(high_water) AS high_water FROM postroom_clock) AS clock
 WHERE decided.at > clock.high_water
 
+-- name: audit_store_limit_slots_mismatch
+-- A queue limited to K runs has exactly the slots 1..K.
+SELECT queue_limits.queue AS identity,
+       'limit ' || queue_limits.running || ' with ' || count(queue_slots.slot) || ' slots'
+       AS detail
+FROM queue_limits
+LEFT JOIN queue_slots ON queue_slots.queue = queue_limits.queue
+GROUP BY queue_limits.queue, queue_limits.running
+HAVING count(queue_slots.slot) <> queue_limits.running
+    OR coalesce(max(queue_slots.slot), 0) <> queue_limits.running
+
+-- name: audit_store_slot_held_twice
+-- A running task holds at most one slot: each claim of a limited queue takes one.
+SELECT tasks.task_id AS identity, count(*) || ' slots of ' || tasks.queue AS detail
+FROM queue_slots
+JOIN tasks ON tasks.task_id = queue_slots.task_id AND tasks.state = 'running'
+          AND tasks.fence = queue_slots.fence
+GROUP BY tasks.task_id, tasks.queue
+HAVING count(*) > 1
+
+-- name: audit_store_slot_of_another_queue
+-- A slot is held only by a task of its own queue.
+SELECT queue_slots.queue || '#' || queue_slots.slot AS identity,
+       'held by ' || tasks.task_id || ' of ' || tasks.queue AS detail
+FROM queue_slots
+JOIN tasks ON tasks.task_id = queue_slots.task_id AND tasks.state = 'running'
+          AND tasks.fence = queue_slots.fence
+WHERE tasks.queue <> queue_slots.queue
+
+-- name: audit_store_rerun_not_recorded
+-- A re-run (retry_of) is an operator's recorded decision about that task, and the record
+-- names the task it made (pruning the old task prunes its records with it).
+SELECT tasks.task_id AS identity, 'retry_of ' || tasks.retry_of || ' without its record'
+       AS detail
+FROM tasks
+JOIN tasks AS rerun_of ON rerun_of.task_id = tasks.retry_of
+LEFT JOIN task_retries ON task_retries.new_task_id = tasks.task_id
+                      AND task_retries.task_id = tasks.retry_of
+WHERE task_retries.task_id IS NULL
+
+-- name: audit_store_available_before_not_before
+-- A task held until later is not claimable before then (its first attempt included).
+SELECT task_id AS identity,
+       'available at ' || available_at || ' before not_before ' || not_before AS detail
+FROM tasks
+WHERE state = 'pending' AND attempts = 0 AND not_before IS NOT NULL
+  AND available_at < not_before
+
 -- name: audit_receiver_effect_without_receipt
 -- Each effect has its receipt.
 SELECT receiver_effects.reply_id AS identity, 'effect without receipt' AS detail
