@@ -11,7 +11,8 @@
                  drained and checked end to end (``burst`` is the process);
 - ``waits``      the wait operations, their model and checks, registered into the tables;
 - ``wait_rounds`` real processes racing on a few contested waits, exactly one winner each
-                 (``wait_burst`` is the process).
+                 (``wait_burst`` is the process);
+- ``schedules``  the periodic schedules' operations and checks, registered into the tables.
 
 A component that adds records and rules (waits, approvals) extends the three tables:
 ``SNAPSHOT_TABLES``, ``OPERATIONS`` and ``CHECKS``.
@@ -30,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.harness.simulation import waits  # noqa: F401 - importing it registers waits in the tables
+# Importing them registers waits and schedules in the tables.
+from tests.harness.simulation import schedules, waits  # noqa: F401
 from tests.harness.simulation.rounds import RoundsResult, run_rounds
 from tests.harness.simulation.runner import SeedResult, Violation, run_seed
 from tests.harness.simulation.wait_rounds import WaitRoundsResult, run_wait_rounds
