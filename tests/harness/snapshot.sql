@@ -103,3 +103,9 @@ SELECT wait_effects.flow, wait_effects.step, wait_effects.generation, wait_effec
 FROM wait_effects
 LEFT JOIN tasks ON tasks.task_id = wait_effects.task_id
 ORDER BY wait_effects.flow, wait_effects.step, wait_effects.generation
+
+-- name: snapshot_schedules
+-- Every periodic schedule, by name.
+SELECT name, cron, zone, queue, payload, priority, max_attempts, ttl, missed, paused,
+       last_period, last_key, last_task_id, next_at, created_at
+FROM schedules ORDER BY name

@@ -12,7 +12,8 @@
 - ``waits``      the wait operations, their model and checks, registered into the tables;
 - ``scheduling`` paused and limited queues and re-runs, registered into the tables;
 - ``wait_rounds`` real processes racing on a few contested waits, exactly one winner each
-                 (``wait_burst`` is the process).
+                 (``wait_burst`` is the process);
+- ``schedules``  the periodic schedules' operations and checks, registered into the tables.
 
 A component that adds records and rules (waits, approvals) extends the three tables:
 ``SNAPSHOT_TABLES``, ``OPERATIONS`` and ``CHECKS``.
@@ -31,10 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.harness.simulation import (  # noqa: F401 - importing them registers them in the tables
-    scheduling,
-    waits,
-)
+# Importing them registers waits, flow control and schedules in the tables.
+from tests.harness.simulation import schedules, scheduling, waits  # noqa: F401
 from tests.harness.simulation.rounds import RoundsResult, run_rounds
 from tests.harness.simulation.runner import SeedResult, Violation, run_seed
 from tests.harness.simulation.wait_rounds import WaitRoundsResult, run_wait_rounds

@@ -558,6 +558,10 @@ def plan_fail(world: World) -> Action | None:
                     f"{claim.max_attempts} returned {state}, task is {row['state']}")
         step.expect(final or row["available_at"] >= step.now,
                     f"a retry of {claim.task_id} is available before now")
+        if final:  # failed for good: its reply commits with it, as a finish's does
+            reply = step.after().replies.get(reply_id_for(claim.task_id))
+            step.expect(reply is not None and reply["status"] == "failed",
+                        f"failed task {claim.task_id} is {row['state']} with reply {reply}")
         return expected
 
     return act
