@@ -70,13 +70,14 @@ _PATIENCE = 600.0
 _LOOK_EVERY = 0.02
 
 
-def rss_kib(pid: int) -> int:
-    """The resident set size of process ``pid`` in KiB (``VmRSS`` of ``/proc/PID/status``)."""
+def rss_kib(pid: int, field: str = "VmRSS") -> int:
+    """The resident set size of process ``pid`` in KiB (``VmRSS`` of ``/proc/PID/status``;
+    ``field="VmHWM"`` gives its peak)."""
     with open(f"/proc/{pid}/status", encoding="ascii") as status:
         for line in status:
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1])
-    raise BenchError(f"process {pid} has no VmRSS")
+    raise BenchError(f"process {pid} has no {field}")
 
 
 @dataclass(eq=False)
@@ -183,6 +184,8 @@ class _Rig:
         self.queue = queue
         self.replies = replies
         self.done = 0
+        #: How long the last round's ``receive`` calls took.
+        self.enqueue_seconds = 0.0
         self._rounds = count()
 
     def round(self, tasks: int) -> tuple[int, float]:
@@ -192,8 +195,10 @@ class _Rig:
         prefix = f"r{next(self._rounds)}-"
         store.pause_queue(queue, operator="bench", reason="receiving a round's tasks")
         deadline = time.time() + _DAY
+        started = time.perf_counter()
         for n in range(tasks):
             store.receive(_AUTH, _envelope(queue, f"{prefix}{n}", deadline))
+        self.enqueue_seconds = time.perf_counter() - started
         self.done += tasks
         store.resume_queue(queue)
         kind, state = ("reply", "sent") if self.replies else ("task", "done")
