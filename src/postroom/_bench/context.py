@@ -96,7 +96,7 @@ QUICK = Sizes(raw_commits=100, rounds=2, backlogs=(100, 1_000, 3_000), claim_cyc
               latency_tasks=50, commit_pages=(1, 6), build_batch=1_000,
               runtime_tasks=200, pg_runtime_tasks=200, io_tasks=16, rss_warm_up=300,
               rss_tasks=1_000, pg_rss_tasks=600, future_backlog=3_000, due_tasks=100,
-              peer_tasks=100, peer_rounds=1, peers_optional=True)
+              peer_tasks=50, peer_rounds=1, peers_optional=True)
 
 
 class Target(Protocol):
