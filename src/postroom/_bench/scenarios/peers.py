@@ -6,14 +6,14 @@ default settings), to done and to delivered (one ``postroom dispatch --receiver`
 workers). A round, for every system alike:
 
 1. **enqueue**: ``N`` trivial jobs, one at a time, each its own durable commit, by the
-   system's client; no worker runs (postroom's workers are started but its queue is paused,
-   so they sit idle). ``enqueue/s`` is ``N`` over that time.
-2. **process**: the system's own worker processes take the jobs; ``processed/s`` is ``N``
-   over the time from the first job taken to the last done, read from the system's own
-   timestamps where it keeps them (postroom's attempt history and replies' ``sent_at``,
-   procrastinate's events, oban's ``attempted_at`` and ``completed_at``) and, for huey,
-   which deletes a job when it takes it and keeps no time, by polling its table every 5 ms
-   (the first poll with fewer than ``N`` jobs to the first with none).
+   system's client; no worker runs. ``enqueue/s`` is ``N`` over that time.
+2. **process**: the system's own worker processes are started and take the jobs;
+   ``processed/s`` is ``N`` over the time from the first job taken to the last done, read
+   from the system's own timestamps where it keeps them (postroom's attempt history and
+   replies' ``sent_at``, procrastinate's events, oban's ``attempted_at`` and
+   ``completed_at``) and, for huey, which deletes a job when it takes it and keeps no
+   time, by polling its table every 5 ms (the first poll with fewer than ``N`` jobs to the
+   first with none).
 3. ``end-to-end/s`` is ``N`` over the two times added.
 
 Worker peak RSS is the largest ``VmHWM`` of ``/proc/PID/status`` among a system's worker
@@ -43,10 +43,19 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import count
 from pathlib import Path
 from typing import Any
 
-from postroom._bench.context import BenchError, Context, Measurement, Rounds, median
+import postroom
+from postroom._bench.context import (
+    BenchError,
+    Context,
+    Measurement,
+    Rounds,
+    median,
+    require_clean_audit,
+)
 from postroom._bench.handlers import QUEUES
 from postroom._bench.scenarios import runtime
 
@@ -59,6 +68,7 @@ WORKERS = (1, 4)
 #: (``POSTROOM_BENCH_OBAN_VENV`` chooses another).
 OBAN_VENV = Path.home() / ".cache" / "postroom-bench" / "oban-venv"
 _APPS = Path(__file__).resolve().parent.parent / "peer_apps"
+_AUTH = postroom.AuthContext(principal="bench")
 _POLL = 0.005
 _PATIENCE = 1800.0
 _DURABILITY = {
@@ -276,16 +286,44 @@ def _peer_round(peer: _Peer, tasks: int, workers: int) -> _Round:
 @contextmanager
 def _postroom(ctx: Context, workers: int, *, deliver: bool) -> Iterator[Callable[[int],
                                                                                   _Round]]:
+    """postroom's rounds, as the peers': receive one at a time with no process running,
+    then start the ``postroom worker`` processes (and a dispatcher) and time them from the
+    database, as ``runtime`` does."""
     name = f"peers-postroom-{workers}{'-delivered' if deliver else ''}"
-    with runtime._rig(ctx, name, QUEUES["trivial"], workers=workers, deliver=deliver) as rig:
-        pids = [child.process.pid for child in rig.children.children
-                if child.name == "worker"]
+    queue = QUEUES["trivial"]
+    store_url = ctx.target.url(name)
+    receiver_url = ctx.target.url(f"{name}-receiver") if deliver else None
+    rounds = count()
+    with postroom.open_store(store_url) as store:
+        if receiver_url is not None:
+            postroom.Receiver.open(receiver_url).close()  # its schema, before two processes
 
         def one(tasks: int) -> _Round:
-            _, process_s = rig.round(tasks)
-            return _Round(rig.enqueue_seconds, process_s, _largest_peak(pids))
+            prefix = f"r{next(rounds)}-"
+            deadline = time.time() + 86_400
+            start = time.perf_counter()
+            for n in range(tasks):
+                store.receive(_AUTH, runtime._envelope(queue, f"{prefix}{n}", deadline))
+            enqueue_s = time.perf_counter() - start
+            kind, state = ("reply", "sent") if deliver else ("task", "done")
+            goal = runtime._counted(store, kind, queue, state) + tasks
+            with runtime._children() as children:
+                if receiver_url is not None:  # first: its start-up is not the round's time
+                    children.start("dispatch", store_url, "--receiver", receiver_url)
+                pids = [runtime._worker(children, store_url, queue).process.pid
+                        for _ in range(workers)]
+                children.wait_for(lambda: runtime._counted(store, kind, queue, state) >= goal,
+                                  f"{tasks} tasks ({state})")
+                peak = _largest_peak(pids)
+            first, last = runtime._span(store, prefix, replies=deliver)
+            return _Round(enqueue_s, last - first, peak)
 
         yield one
+        if receiver_url is None:
+            require_clean_audit(store._db)
+        else:
+            with postroom.Receiver.open(receiver_url) as receiver:
+                require_clean_audit(store._db, receiver._db)
 
 
 def _rows(system: str, backend: str, workers: int, tasks: int, rounds: list[_Round], *,

@@ -184,8 +184,6 @@ class _Rig:
         self.queue = queue
         self.replies = replies
         self.done = 0
-        #: How long the last round's ``receive`` calls took.
-        self.enqueue_seconds = 0.0
         self._rounds = count()
 
     def round(self, tasks: int) -> tuple[int, float]:
@@ -195,10 +193,8 @@ class _Rig:
         prefix = f"r{next(self._rounds)}-"
         store.pause_queue(queue, operator="bench", reason="receiving a round's tasks")
         deadline = time.time() + _DAY
-        started = time.perf_counter()
         for n in range(tasks):
             store.receive(_AUTH, _envelope(queue, f"{prefix}{n}", deadline))
-        self.enqueue_seconds = time.perf_counter() - started
         self.done += tasks
         store.resume_queue(queue)
         kind, state = ("reply", "sent") if self.replies else ("task", "done")
