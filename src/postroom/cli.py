@@ -24,7 +24,8 @@ __all__ = ["main"]
 #: to ``postroom._bench``'s own.
 BENCH_SCENARIOS = ("claim", "single", "batched", "commit-cost", "signals", "pg-claim", "pg-e2e",
                    "pg-latency", "worker", "delivered", "worker-latency", "concurrency",
-                   "scheduled", "rss", "pg-workers", "pg-worker-latency", "pg-rss")
+                   "scheduled", "rss", "pg-workers", "pg-worker-latency", "pg-rss", "steps",
+                   "pg-steps", "peers", "pg-peers")
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
@@ -196,8 +197,12 @@ def audit(urls: tuple[str, ...]) -> None:
               help="Tasks the long run of the rss and pg-rss scenarios delivers (the issue "
                    "asks for 1,000,000 on SQLite and 100,000 on PostgreSQL; default: 100,000 "
                    "each, 1,000 with --quick).")
+@click.option("--peer-tasks", type=click.IntRange(1, 10_000_000), default=None, metavar="N",
+              help="Jobs per round of each system in the peers and pg-peers scenarios "
+                   "(default 10,000, 100 with --quick).")
 def bench(quick: bool, only: tuple[str, ...], folder: Path | None,  # noqa: PLR0917
-          results: Path | None, pg_url: str, rss_tasks: int | None) -> None:
+          results: Path | None, pg_url: str, rss_tasks: int | None,
+          peer_tasks: int | None) -> None:
     """Measure postroom against a raw SQLite commit loop and judge the performance bars.
 
     Prints the report as JSON on stdout (progress goes to stderr). Every figure is also a
@@ -217,11 +222,14 @@ def bench(quick: bool, only: tuple[str, ...], folder: Path | None,  # noqa: PLR0
              *(f"--only {name}" for name in only),
              *([f"--pg-url {public_url(pg_url)}"] if pg_url != DEFAULT_PG_URL else []),
              *([f"--results {results}"] if results is not None else []),
-             *([f"--rss-tasks {rss_tasks}"] if rss_tasks is not None else [])]
+             *([f"--rss-tasks {rss_tasks}"] if rss_tasks is not None else []),
+             *([f"--peer-tasks {peer_tasks}"] if peer_tasks is not None else [])]
     mode = "quick" if quick else ("partial" if only else "full")
     sizes = QUICK if quick else FULL
     if rss_tasks is not None:
         sizes = dataclasses.replace(sizes, rss_tasks=rss_tasks, pg_rss_tasks=rss_tasks)
+    if peer_tasks is not None:
+        sizes = dataclasses.replace(sizes, peer_tasks=peer_tasks)
     try:
         outcome = run_bench(sizes=sizes, mode=mode,
                             folder=folder if folder is not None else default_folder(),

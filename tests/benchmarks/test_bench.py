@@ -39,6 +39,22 @@ LATENCY_ROWS = {"runtime.latency.sqlite.p50", "runtime.latency.sqlite.p99"}
 RSS_ROWS = {"runtime.rss.sqlite.worker", "runtime.rss.sqlite.dispatcher"}
 PG_RUNTIME_ROWS = {"pg.raw_commit_loop", "runtime.pg.workers_4", "runtime.latency.pg.p50",
                    "runtime.latency.pg.p99", "runtime.rss.pg.worker", "runtime.rss.pg.dispatcher"}
+STEPS = ("receive", "claim", "finish", "dispatch_claim", "receiver", "dispatch_record")
+#: What each step of a one-at-a-time task costs, on each backend.
+STEP_ROWS = {f"steps.sqlite.{step}" for step in STEPS}
+PG_STEP_ROWS = {f"steps.postgres.{step}" for step in STEPS}
+
+
+def _peer_rows(system: str, *, delivered: bool = False) -> set[str]:
+    return {f"peers.{system}.workers_{workers}{suffix}.{metric}" for workers in (1, 4)
+            for suffix in ("", *([".delivered"] if delivered else []))
+            for metric in ("processed", "end_to_end")}
+
+
+#: The peers the dev extra installs (huey, procrastinate) beside postroom; oban-py's own
+#: Python 3.12 environment is left out of the smoke run.
+PEER_ROWS = _peer_rows("huey") | _peer_rows("postroom-sqlite", delivered=True)
+PG_PEER_ROWS = _peer_rows("procrastinate") | _peer_rows("postroom-pg", delivered=True)
 POSTGRES_THROUGHPUT_ROWS = {f"pg.{key}.{kind}.workers_{workers}" for key in ("claim_finish", "e2e")
                             for kind in ("single", "batched") for workers in (1, 4)}
 
@@ -99,7 +115,8 @@ def pg_report(quick_report: dict[str, Any]) -> dict[str, Any]:
 def test_quick_run_reports_every_scenario_with_a_ratio_to_the_raw_loop(quick_report):
     rows = {row["id"]: row for row in quick_report["measurements"]
             if row["backend"] == "sqlite"}
-    assert set(rows) == SQLITE_ROWS | RUNTIME_ROWS | LATENCY_ROWS | RSS_ROWS
+    assert set(rows) == (SQLITE_ROWS | RUNTIME_ROWS | LATENCY_ROWS | RSS_ROWS | STEP_ROWS
+                         | PEER_ROWS)
     for row in (rows[name] for name in SQLITE_ROWS | RUNTIME_ROWS):
         assert row["value"] == pytest.approx(statistics.median(row["rounds"]), abs=0.1)
         assert len(row["round_ratios"]) == len(row["rounds"]) > 0
@@ -178,11 +195,15 @@ def test_quick_run_judges_every_bar(quick_report):
                 "signals_vs_raw": 0.3, "worker_vs_raw": 0.5, "delivered_vs_raw": 0.3,
                 "worker_latency_sqlite_p50": 5.0, "concurrency_8_vs_1": 6.0,
                 "rss_sqlite_worker": 1.1, "rss_sqlite_dispatcher": 1.1,
-                "due_claims_flat_under_future_backlog": 0.7}
+                "due_claims_flat_under_future_backlog": 0.7, "peers_sqlite_2x_huey": 2.0,
+                **{f"peers_huey_w{workers}_{metric}": 1.0 for workers in (1, 4)
+                   for metric in ("processed", "end_to_end")}}
     if quick_report["postgres"] is not None:
         expected |= {"pg_claim_scales_to_4_workers": 2.0, "pg_latency_p50": 10.0,
                      "pg_workers_vs_raw_pg": 0.75, "worker_latency_pg_p50": 5.0,
-                     "rss_pg_worker": 1.1, "rss_pg_dispatcher": 1.1}
+                     "rss_pg_worker": 1.1, "rss_pg_dispatcher": 1.1, "peers_pg_3x_best": 3.0,
+                     **{f"peers_procrastinate_w{workers}_{metric}": 1.0 for workers in (1, 4)
+                        for metric in ("processed", "end_to_end")}}
     assert {name: bar["required"] for name, bar in bars.items()} == expected
     rows = {row["id"]: row for row in quick_report["measurements"]}
     for bar in bars.values():
@@ -206,8 +227,8 @@ def test_quick_run_judges_every_bar(quick_report):
 
 def test_quick_run_measures_postgres_workers_and_latency(pg_report):
     rows = {row["id"]: row for row in pg_report["measurements"] if row["backend"] == "postgres"}
-    assert set(rows) == POSTGRES_THROUGHPUT_ROWS | PG_RUNTIME_ROWS | {"pg.latency.p50",
-                                                                       "pg.latency.p99"}
+    assert set(rows) == POSTGRES_THROUGHPUT_ROWS | PG_RUNTIME_ROWS | PG_STEP_ROWS | PG_PEER_ROWS | {
+        "pg.latency.p50", "pg.latency.p99"}
     for name in POSTGRES_THROUGHPUT_ROWS:
         row = rows[name]
         assert row["unit"] == "tasks/s" and row["value"] > 0
@@ -317,6 +338,64 @@ def test_results_markdown_puts_postgres_rows_in_their_own_table(pg_report):
     assert "<= 10 ms |" in text
 
 
+def _check_peer_rows(rows: dict[str, Any], names: set[str], tasks: int) -> None:
+    for name in (name for name in names if name.endswith(".processed")):
+        processed, details = rows[name], rows[name]["details"]
+        end_to_end = rows[name.removesuffix(".processed") + ".end_to_end"]
+        assert processed["unit"] == end_to_end["unit"] == "tasks/s"
+        assert details["tasks_per_round"] == tasks and details["durability"]
+        assert details["worker_peak_rss_kib"] > 10_000  # a Python process, at least
+        # end to end adds the enqueueing time to the processing time
+        assert 0 < end_to_end["value"] < min(processed["value"], details["enqueue_per_s"])
+
+
+def test_quick_run_puts_postroom_beside_the_installed_peers_on_sqlite(quick_report):
+    rows = {row["id"]: row for row in quick_report["measurements"]}
+    _check_peer_rows(rows, PEER_ROWS, quick_report["sizes"]["peer_tasks"])
+    assert rows["peers.huey.workers_1.processed"]["details"]["durability"] == (
+        "SqliteHuey(fsync=True): WAL, synchronous=FULL")
+    assert rows["peers.postroom-sqlite.workers_4.delivered.processed"]["details"]["to"] == (
+        "delivered")
+
+
+def test_quick_run_puts_postroom_beside_the_installed_peers_on_postgres(pg_report):
+    rows = {row["id"]: row for row in pg_report["measurements"]}
+    _check_peer_rows(rows, PG_PEER_ROWS, pg_report["sizes"]["peer_tasks"])
+
+
+def test_quick_run_leaves_oban_out_with_its_reason(pg_report):
+    assert "oban left out of this smoke run: oban-py runs in a Python 3.12" in (
+        pg_report["_stderr"])
+
+
+def test_quick_run_counts_wal_statements_and_round_trips_of_each_step(quick_report):
+    rows = {row["id"]: row for row in quick_report["measurements"]}
+    for name in STEP_ROWS:
+        row, details = rows[name], rows[name]["details"]
+        assert row["unit"] == "WAL frames/commit" and row["value"] >= 1
+        # at least BEGIN and COMMIT, each a round trip of its own on SQLite
+        assert details["statements"] >= details["round_trips"] >= 2
+        assert details["tasks"] == quick_report["sizes"]["single_tasks"]
+
+
+def test_quick_run_reads_postgres_wal_bytes_of_each_step(pg_report):
+    rows = {row["id"]: row for row in pg_report["measurements"]}
+    for name in PG_STEP_ROWS:
+        row = rows[name]
+        assert row["unit"] == "WAL bytes/commit" and row["details"]["wal_min"] > 0
+        assert row["details"]["round_trips"] >= 2
+
+
+def test_results_markdown_tabulates_the_peers_and_the_steps(quick_report):
+    text = render(quick_report)
+    peers = text.partition("## Beside the peers")[2].partition("## Sizes")[0]
+    assert "| huey | sqlite | 1 | done |" in peers
+    assert "| postroom-sqlite | sqlite | 4 | delivered |" in peers
+    steps = text.partition("## Per step of a one-at-a-time task")[2].partition("##")[0]
+    for step in ("receive", "dispatch claim", "receiver", "dispatch record"):
+        assert f"| sqlite | {step} |" in steps
+
+
 def test_unreachable_postgres_fails_the_run_before_anything_runs():
     folder = Path(tempfile.mkdtemp(prefix="bench-test-", dir=default_folder()))
     try:
@@ -325,8 +404,8 @@ def test_unreachable_postgres_fails_the_run_before_anything_runs():
         assert done.returncode == 2, done.stdout + done.stderr
         assert "PostgreSQL at postgresql://postgres:***@127.0.0.1:1/postgres is unreachable" \
             in done.stderr
-        assert ("pg-claim, pg-e2e, pg-latency, pg-workers, pg-worker-latency, pg-rss need it"
-                in done.stderr and "--only" in done.stderr)
+        assert ("pg-claim, pg-e2e, pg-latency, pg-workers, pg-worker-latency, pg-rss, "
+                "pg-steps, pg-peers need it" in done.stderr and "--only" in done.stderr)
         assert "hidden" not in done.stderr and done.stdout == ""
         assert list(folder.iterdir()) == []
     finally:

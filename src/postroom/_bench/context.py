@@ -78,6 +78,11 @@ class Sizes:
     due_tasks: int
     #: Messages per ``receive_atomic`` call when building a backlog (the store's maximum).
     build_batch: int = 10_000
+    #: Jobs per round, and rounds, of each system in the peer comparison; whether a peer
+    #: that is not installed is left out (a smoke run) rather than failing the run.
+    peer_tasks: int = 10_000
+    peer_rounds: int = 3
+    peers_optional: bool = False
 
 
 FULL = Sizes(raw_commits=1_000, rounds=7, backlogs=(1_000, 100_000, 1_000_000),
@@ -90,7 +95,8 @@ QUICK = Sizes(raw_commits=100, rounds=2, backlogs=(100, 1_000, 3_000), claim_cyc
               single_tasks=20, batch_size=50, batches=2, signals=30, pg_workers=(1, 4),
               latency_tasks=50, commit_pages=(1, 6), build_batch=1_000,
               runtime_tasks=200, pg_runtime_tasks=200, io_tasks=16, rss_warm_up=300,
-              rss_tasks=1_000, pg_rss_tasks=600, future_backlog=3_000, due_tasks=100)
+              rss_tasks=1_000, pg_rss_tasks=600, future_backlog=3_000, due_tasks=100,
+              peer_tasks=50, peer_rounds=1, peers_optional=True)
 
 
 class Target(Protocol):

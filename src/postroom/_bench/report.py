@@ -7,6 +7,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from postroom._bench.scenarios import peers, steps
+
 __all__ = ["checkout_results", "render", "write"]
 
 #: Where a full run writes its results by default.
@@ -169,6 +171,7 @@ def render(report: dict[str, Any]) -> str:
         for name, plan in largest["details"]["claim_plans"].items():
             lines += [f"{name}:", *(f"  {line}" for line in plan)]
         lines.append("```")
+    lines += steps.markdown(report) + peers.markdown(report)
     lines += ["", "## Sizes", "", "```", *_sizes(report["sizes"]), "```", ""]
     return "\n".join(lines)
 

@@ -18,8 +18,10 @@ from postroom._bench.scenarios import (
     claim_backlog,
     commit_cost,
     end_to_end,
+    peers,
     postgres,
     runtime,
+    steps,
     waits,
 )
 from postroom._bench.scenarios.raw_sqlite import RawCommitLoop
@@ -55,6 +57,10 @@ SCENARIOS: dict[str, Scenario] = {
     "pg-workers": Scenario(runtime.run_pg_workers, "postgres"),
     "pg-worker-latency": Scenario(runtime.run_pg_latency, "postgres"),
     "pg-rss": Scenario(runtime.run_pg_rss, "postgres"),
+    "steps": Scenario(steps.run),
+    "pg-steps": Scenario(steps.run, "postgres"),
+    "peers": Scenario(peers.run_sqlite_peers),
+    "pg-peers": Scenario(peers.run_pg_peers, "postgres"),
 }
 
 
@@ -132,7 +138,7 @@ def bars_for(rows: Sequence[Measurement]) -> list[Bar]:
                         required=10.0, basis="value", kind="maximum",
                         text="PostgreSQL enqueue-to-start latency of an idle worker, p50 "
                              "<= 10 ms"))
-    return bars + _runtime_bars(ids)
+    return bars + _runtime_bars(ids) + peers.peer_bars(ids) + peers.best_pg_peer_bar(rows)
 
 
 def _runtime_bars(ids: set[str]) -> list[Bar]:

@@ -1,16 +1,20 @@
-"""How many pages a scenario's commits write: WAL frames, counted on SQLite."""
+"""How many pages a scenario's commits write: WAL frames, counted on SQLite; and, per
+commit, the WAL (frames on SQLite, bytes on PostgreSQL), statements and round trips."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from postroom._bench.context import BenchError
 from postroom.db import Database
 from postroom.db.sqlite import SQLiteDialect
 
-__all__ = ["WalFrames"]
+__all__ = ["Commit", "CommitCosts", "WalFrames"]
 
 _WAL_HEADER = 32
 _FRAME_HEADER = 24
@@ -29,7 +33,7 @@ class WalFrames:
         self._dialects: list[SQLiteDialect] = []
         for database in databases:
             if not isinstance(database.dialect, SQLiteDialect):
-                raise BenchError("WAL frames are counted on SQLite only")
+                raise BenchError("WAL frames are counted on SQLite only")  # see CommitCosts
             self._dialects.append(database.dialect)
         self._restore = ExitStack()
         self.frames = 0
@@ -66,3 +70,113 @@ def _truncate(conn: Any, path: str) -> None:
     if busy:
         raise BenchError(f"{path}: the WAL could not be checkpointed (another connection "
                          "is reading it), so its frames cannot be counted")
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One commit seen by ``CommitCosts``: which database, the WAL it appended (frames on
+    SQLite, bytes on PostgreSQL), and the statements and round trips since the previous
+    commit on that database."""
+
+    database: str
+    wal: float
+    statements: int
+    round_trips: int
+
+
+class CommitCosts:
+    """Every commit of the named databases while the block runs, with what it cost.
+
+    A diagnostic for an extra, untimed round (a counting hook used only by the bench): it
+    wraps the dialects' methods on their instances, as ``DriverTime`` does, and counts at
+    the driver. A statement is one SQL statement (``BEGIN``, each ``execute``, each parameter
+    set of an ``executemany``, ``COMMIT``); a round trip is one wait for the database: the
+    ``BEGIN`` (sent by psycopg ahead of the first statement), each ``execute``, each
+    ``executemany`` (pipelined by psycopg on PostgreSQL, one call to SQLite), the
+    ``COMMIT``. The WAL is read after each commit: on SQLite from the WAL file's size (with
+    automatic checkpoints held off, as ``WalFrames`` does), on PostgreSQL as the difference
+    of ``pg_current_wal_lsn()`` read on a connection of its own (the server's whole WAL:
+    another client's writes in between count too, so take a median over many commits).
+    """
+
+    def __init__(self, databases: dict[str, Database]) -> None:
+        self._databases = databases
+        self.commits: list[Commit] = []
+        self._stack = ExitStack()
+        self._counts: dict[str, list[int]] = {}
+        self._wal: dict[str, Callable[[], float]] = {}
+
+    def __enter__(self) -> CommitCosts:
+        with ExitStack() as stack:
+            for name, database in self._databases.items():
+                dialect = database.dialect
+                self._counts[name] = [0, 0]
+                if isinstance(dialect, SQLiteDialect):
+                    stack.enter_context(WalFrames([database]))
+                    with dialect.connection() as conn:  # not from inside a commit: it holds it
+                        page = int(conn.execute("PRAGMA page_size").fetchone()[0])
+                    self._wal[name] = _Growth(partial(_frames_in_wal, dialect.path, page))
+                else:
+                    self._wal[name] = _lsn_reader(stack, dialect)
+                for method in _COUNTED:
+                    setattr(dialect, method, self._counted(name, getattr(dialect, method),
+                                                           method))
+                stack.callback(_unwrap, dialect)
+            self._stack = stack.pop_all()
+        for name in self._databases:
+            self._wal[name]()  # the starting point of each database's WAL
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def _counted(self, name: str, method: Callable[..., Any], kind: str) -> Callable[..., Any]:
+        counts = self._counts[name]
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            result = method(*args, **kwargs)
+            statements = len(args[2]) if kind in {"executemany", "execute_returning"} else 1
+            counts[0] += statements
+            counts[1] += 1
+            if kind == "commit":
+                self.commits.append(Commit(name, self._wal[name](), counts[0], counts[1]))
+                counts[0] = counts[1] = 0
+            return result
+
+        return counted
+
+
+_COUNTED = ("begin", "execute", "executemany", "execute_returning", "commit")
+
+
+def _unwrap(dialect: Any) -> None:
+    for method in _COUNTED:
+        if method in vars(dialect):
+            delattr(dialect, method)  # the class's method again
+
+
+class _Growth:
+    """The growth of a counter between calls: the first call sets the starting point."""
+
+    def __init__(self, read: Callable[[], float]) -> None:
+        self._read = read
+        self._last: float | None = None
+
+    def __call__(self) -> float:
+        now = self._read()
+        grown = 0.0 if self._last is None else now - self._last
+        self._last = now
+        return grown
+
+
+def _frames_in_wal(path: str, page: int) -> float:
+    size = os.path.getsize(path + "-wal")
+    return float((size - _WAL_HEADER) // (page + _FRAME_HEADER)) if size else 0.0
+
+
+def _lsn_reader(stack: ExitStack, dialect: Any) -> Callable[[], float]:
+    import psycopg
+
+    conn = stack.enter_context(psycopg.connect(dialect.url, autocommit=True))
+    return _Growth(lambda: float(conn.execute(
+        "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()[0]))  # type: ignore[index]

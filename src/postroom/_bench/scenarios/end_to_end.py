@@ -33,7 +33,7 @@ from postroom._bench.context import (
 from postroom._bench.driver_time import DriverTime
 from postroom._bench.wal_frames import WalFrames
 
-__all__ = ["run_batched", "run_single"]
+__all__ = ["one_task", "run_batched", "run_single"]
 
 _AUTH = postroom.AuthContext(principal="bench")
 _HOUR = 3600.0
@@ -104,6 +104,17 @@ def _check(store: postroom.Store, receiver: postroom.Receiver, tasks: int) -> No
     require_clean_audit(store._db, receiver._db)
 
 
+def one_task(store: postroom.Store, transport: postroom.InProcessTransport, n: int) -> None:
+    """Task ``n`` one step at a time: receive, claim, finish, dispatch (one reply sent)."""
+    store.receive(_AUTH, _envelope(n, time.time() + _HOUR))
+    claim = store.claim("worker")
+    if claim is None:
+        raise BenchError(f"task {n} was received but could not be claimed")
+    store.finish(claim, {"n": n, "summary": "done"})
+    if store.dispatch(transport).sent != 1:
+        raise BenchError(f"the reply of task {n} was not delivered")
+
+
 def run_single(ctx: Context) -> list[Measurement]:
     """Tasks/s when every step of every task is its own transaction."""
     per_round = ctx.sizes.single_tasks
@@ -112,13 +123,7 @@ def run_single(ctx: Context) -> list[Measurement]:
 
         def work() -> int:
             for n in numbers.take(per_round):
-                store.receive(_AUTH, _envelope(n, time.time() + _HOUR))
-                claim = store.claim("worker")
-                if claim is None:
-                    raise BenchError(f"task {n} was received but could not be claimed")
-                store.finish(claim, {"n": n, "summary": "done"})
-                if store.dispatch(transport).sent != 1:
-                    raise BenchError(f"the reply of task {n} was not delivered")
+                one_task(store, transport, n)
             return per_round
 
         ctx.progress("end-to-end, one at a time: measuring")

@@ -70,13 +70,14 @@ _PATIENCE = 600.0
 _LOOK_EVERY = 0.02
 
 
-def rss_kib(pid: int) -> int:
-    """The resident set size of process ``pid`` in KiB (``VmRSS`` of ``/proc/PID/status``)."""
+def rss_kib(pid: int, field: str = "VmRSS") -> int:
+    """The resident set size of process ``pid`` in KiB (``VmRSS`` of ``/proc/PID/status``;
+    ``field="VmHWM"`` gives its peak)."""
     with open(f"/proc/{pid}/status", encoding="ascii") as status:
         for line in status:
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1])
-    raise BenchError(f"process {pid} has no VmRSS")
+    raise BenchError(f"process {pid} has no {field}")
 
 
 @dataclass(eq=False)
