@@ -40,7 +40,9 @@ CHECKS: dict[str, tuple[str, ...]] = {
         "ended_wait_without_continuation", "continuation_value_mismatch",
         "continuation_effect_mismatch", "effect_task_mismatch", "wait_decided_after_high_water",
         "schedule_next_not_after_last", "schedule_task_ahead", "schedule_last_task_mismatch",
-        "schedule_task_identity",
+        "schedule_task_identity", "retry_of_unrerunnable_task", "retry_link_mismatch",
+        "retry_numbers_gap", "queue_slots_mismatch", "slot_holder_mismatch",
+        "pending_without_claim_at",
     ),
     "receiver": (
         "effect_without_receipt", "duplicate_effects", "receipt_without_effect",

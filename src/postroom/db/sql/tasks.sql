@@ -367,3 +367,75 @@ SELECT * FROM task_retries WHERE task_id = :task_id ORDER BY number
 -- name: prune_task_retries
 -- Forget the re-run records of a pruned task (the new tasks stay, each its own).
 DELETE FROM task_retries WHERE task_id = :task_id
+
+-- Invariants of re-runs and limited queues, for postroom audit (see postroom.audit.CHECKS).
+
+-- name: audit_store_retry_of_unrerunnable_task
+-- An operator ran a task again only from failed, expired or cancelled, and a re-run never
+-- rewrites it, so the task a re-run record names is still in one of those states (pruning a
+-- task forgets its records with it).
+SELECT task_retries.task_id || '#' || task_retries.number AS identity,
+       'the task is ' || coalesce(tasks.state, 'missing') AS detail
+FROM task_retries
+LEFT JOIN tasks ON tasks.task_id = task_retries.task_id
+WHERE tasks.state IS NULL OR tasks.state NOT IN ('failed', 'expired', 'cancelled')
+
+-- name: audit_store_retry_link_mismatch
+-- A re-run record and its new task name each other: the new task (while it is kept) runs the
+-- recorded task again, and a task that runs a kept task again has its record.
+SELECT task_retries.task_id || '#' || task_retries.number AS identity,
+       'new task ' || task_retries.new_task_id || ' runs '
+       || coalesce(tasks.retry_of, 'nothing') || ' again' AS detail
+FROM task_retries
+JOIN tasks ON tasks.task_id = task_retries.new_task_id
+WHERE tasks.retry_of IS NULL OR tasks.retry_of <> task_retries.task_id
+UNION ALL
+SELECT tasks.task_id AS identity, 'runs ' || tasks.retry_of || ' again, unrecorded' AS detail
+FROM tasks
+JOIN tasks AS old ON old.task_id = tasks.retry_of
+LEFT JOIN task_retries ON task_retries.new_task_id = tasks.task_id
+WHERE task_retries.new_task_id IS NULL
+
+-- name: audit_store_retry_numbers_gap
+-- A task's re-runs are numbered 1..n, one each: a gap means a decision was lost.
+SELECT task_id AS identity, count(*) || ' re-runs numbered up to ' || max(number) AS detail
+FROM task_retries
+GROUP BY task_id
+HAVING count(*) <> max(number)
+
+-- name: audit_store_queue_slots_mismatch
+-- A queue limited to K running tasks has exactly the slots 1..K (a missing slot lowers the
+-- limit, one more raises it).
+SELECT queue_limits.queue AS identity,
+       'limit ' || queue_limits.running || ', ' || count(queue_slots.slot) || ' slots up to '
+       || coalesce(max(queue_slots.slot), 0) AS detail
+FROM queue_limits
+LEFT JOIN queue_slots ON queue_slots.queue = queue_limits.queue
+GROUP BY queue_limits.queue, queue_limits.running
+HAVING count(queue_slots.slot) <> queue_limits.running
+    OR coalesce(max(queue_slots.slot), 0) <> queue_limits.running
+
+-- name: audit_store_slot_holder_mismatch
+-- A slot held (its task running at the fence it names) is held by a task of the slot's
+-- queue, and a run holds one slot at most: otherwise more than K run.
+SELECT queue_slots.queue || '#' || queue_slots.slot AS identity,
+       'held by ' || tasks.task_id || ' of queue ' || tasks.queue AS detail
+FROM queue_slots
+JOIN tasks ON tasks.task_id = queue_slots.task_id AND tasks.state = 'running'
+          AND tasks.fence = queue_slots.fence
+WHERE tasks.queue <> queue_slots.queue
+UNION ALL
+SELECT queue_slots.queue || '#' || min(queue_slots.slot) AS identity,
+       'task ' || queue_slots.task_id || ' holds ' || count(*) || ' slots at fence '
+       || queue_slots.fence AS detail
+FROM queue_slots
+JOIN tasks ON tasks.task_id = queue_slots.task_id AND tasks.state = 'running'
+          AND tasks.fence = queue_slots.fence
+GROUP BY queue_slots.queue, queue_slots.task_id, queue_slots.fence
+HAVING count(*) > 1
+
+-- name: audit_store_pending_without_claim_at
+-- Every pending task has its turn (claim_at): one without is never claimed.
+SELECT task_id AS identity, 'pending without claim_at' AS detail
+FROM tasks
+WHERE state = 'pending' AND claim_at IS NULL
