@@ -567,7 +567,7 @@ def schedule_list(store_url: str, as_json: bool) -> None:
     from postroom.schedules import period_key
     from postroom.store import open_store
 
-    with open_store(store_url) as store:
+    with open_store(store_url, create=False) as store:
         found = store.schedules()
     if as_json:
         click.echo(json.dumps({"schedules": [item.to_dict() for item in found]}, indent=2))
@@ -589,7 +589,7 @@ def schedule_pause(name: str, store_url: str, operator: str) -> None:
     """Enqueue nothing for NAME until it is resumed."""
     from postroom.store import open_store
 
-    with open_store(store_url) as store:
+    with open_store(store_url, create=False) as store:
         changed = store.pause_schedule(name, operator=operator)
     click.echo(json.dumps({"name": name, "paused": True, "changed": changed}))
 
@@ -602,7 +602,7 @@ def schedule_resume(name: str, store_url: str, operator: str) -> None:
     """Let NAME enqueue again; what its pause let pass is handled by its --missed policy."""
     from postroom.store import open_store
 
-    with open_store(store_url) as store:
+    with open_store(store_url, create=False) as store:
         changed = store.resume_schedule(name, operator=operator)
     click.echo(json.dumps({"name": name, "paused": False, "changed": changed}))
 
@@ -615,7 +615,7 @@ def schedule_remove(name: str, store_url: str) -> None:
     from postroom.errors import NotFound
     from postroom.store import open_store
 
-    with open_store(store_url) as store:
+    with open_store(store_url, create=False) as store:
         if not store.remove_schedule(name):
             raise NotFound(f"no schedule {name!r}")
     click.echo(json.dumps({"name": name, "removed": True}))

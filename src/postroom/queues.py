@@ -61,7 +61,8 @@ def set_limit(tx: Tx, queue: str, running: int | None) -> None:
     The tasks running now keep running (none is stopped) and take the free slots, so a new
     limit counts them: no new task is claimed while ``running`` or more run. If more than
     ``running`` run (a limit set or lowered below them), the ones beyond it hold no slot and
-    run on; until they end, a claim may take a slot that frees (the count only falls).
+    run on, and a slot that frees waits for them to end: the count only falls until it is
+    within the limit.
     """
     if running is None:
         tx.change("queue_limit_clear", queue=queue)
@@ -70,7 +71,7 @@ def set_limit(tx: Tx, queue: str, running: int | None) -> None:
     tx.change_many("queue_slot_add", [{"queue": queue, "slot": slot}
                                       for slot in range(1, running + 1)])
     tx.change("queue_slots_trim", queue=queue, running=running)
-    free = free_slots(tx, queue, running)
+    free = _unheld_slots(tx, queue, running)
     unseated = tx.all("queue_running_unseated", queue=queue, limit=max(1, len(free)))
     tx.change_many("queue_slot_take", [
         {"queue": queue, "slot": slot, "task_id": row["task_id"], "fence": int(row["fence"])}
@@ -79,8 +80,18 @@ def set_limit(tx: Tx, queue: str, running: int | None) -> None:
 
 
 def free_slots(tx: Tx, queue: str, want: int) -> list[int]:
-    """Lock up to ``want`` free slots of a limited queue for this transaction; those that a
-    claim committed meanwhile took are left out (see ``queue_slots_held``)."""
+    """Lock up to ``want`` slots of a limited queue that a claim may take now, for this
+    transaction: those no running task holds, less one for each task that runs beyond the
+    limit (holding none since the limit was set or lowered below the tasks running), so a
+    slot that frees waits for them to end instead of letting more than the limit run."""
+    beyond = len(tx.all("queue_running_unseated", queue=queue, limit=MAX_LIMIT))
+    unheld = _unheld_slots(tx, queue, want + beyond)
+    return unheld[beyond:]
+
+
+def _unheld_slots(tx: Tx, queue: str, want: int) -> list[int]:
+    """Lock up to ``want`` slots that no running task holds; those that a claim committed
+    meanwhile took are left out (see ``queue_slots_held``)."""
     locked = [int(row["slot"]) for row in tx.all("queue_free_slots", queue=queue, limit=want)]
     if not locked:
         return []

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.harness import children
 from tests.harness.children import python
 
@@ -51,5 +53,16 @@ def test_an_invalid_expression_or_payload_exits_2_naming_it(db_url):
 
 
 def test_removing_a_schedule_that_is_not_there_exits_2(db_url):
+    assert run("add", "other", "--store", db_url, "--cron", "0 * * * *").returncode == 0
     gone = run("remove", "never", "--store", db_url)
     assert gone.returncode == 2 and "no schedule 'never'" in gone.stderr
+
+
+@pytest.mark.parametrize("args", [["list"], ["list", "--json"], ["pause", "r"], ["resume", "r"],
+                                  ["remove", "r"]])
+def test_a_url_without_a_store_is_refused_and_nothing_is_created(tmp_path, args):
+    path = tmp_path / "typo.db"
+    command, *rest = args
+    result = run(command, *rest, "--store", f"sqlite:///{path}")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert not path.exists()

@@ -64,7 +64,7 @@ def test_a_healthy_limited_store_is_clean(limited_store):
      "NULL), fence = (SELECT fence FROM queue_slots WHERE task_id IS NOT NULL)",
      "slot_held_twice"),
     ("UPDATE tasks SET queue = 'other' WHERE state = 'running'", "slot_of_another_queue"),
-    ("DELETE FROM task_retries", "rerun_not_recorded"),
+    ("DELETE FROM task_retries", "retry_link_mismatch"),
     ("UPDATE tasks SET available_at = not_before - 1 WHERE not_before > available_at - 1 "
      "AND state = 'pending' AND attempts = 0", "available_before_not_before"),
 ])

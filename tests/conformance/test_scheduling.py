@@ -187,6 +187,18 @@ def test_lowering_a_limit_keeps_counting_the_tasks_whose_slots_it_dropped(store,
     assert store.claim_batch("w", 6) == []  # the two running take the two slots left
 
 
+def test_below_a_lowered_limit_a_freed_slot_waits_for_the_tasks_beyond_it(store, auth):
+    store.receive_atomic(auth, [envelope(f"m-{i}") for i in range(6)])
+    first, second, third = store.claim_batch("w", 3)
+    store.set_queue_limit("default", 1)  # the first is seated; two run beyond the limit
+    store.finish(first, "ok")
+    assert store.claim_batch("w", 6) == []  # two still run: more than the limit of 1
+    store.finish(second, "ok")
+    assert store.claim_batch("w", 6) == []
+    store.finish(third, "ok")
+    assert len(store.claim_batch("w", 6)) == 1
+
+
 @pytest.mark.parametrize("running", [0, -1, 1.5, True, 10**6])
 def test_a_limit_that_is_not_a_sensible_count_is_refused(store, running):
     with pytest.raises(postroom.InvalidInput, match="running"):

@@ -344,17 +344,6 @@ JOIN tasks ON tasks.task_id = queue_slots.task_id AND tasks.state = 'running'
           AND tasks.fence = queue_slots.fence
 WHERE tasks.queue <> queue_slots.queue
 
--- name: audit_store_rerun_not_recorded
--- A re-run (retry_of) is an operator's recorded decision about that task, and the record
--- names the task it made (pruning the old task prunes its records with it).
-SELECT tasks.task_id AS identity, 'retry_of ' || tasks.retry_of || ' without its record'
-       AS detail
-FROM tasks
-JOIN tasks AS rerun_of ON rerun_of.task_id = tasks.retry_of
-LEFT JOIN task_retries ON task_retries.new_task_id = tasks.task_id
-                      AND task_retries.task_id = tasks.retry_of
-WHERE task_retries.task_id IS NULL
-
 -- name: audit_store_available_before_not_before
 -- A task held until later is not claimable before then (its first attempt included).
 SELECT task_id AS identity,

@@ -367,3 +367,44 @@ SELECT * FROM task_retries WHERE task_id = :task_id ORDER BY number
 -- name: prune_task_retries
 -- Forget the re-run records of a pruned task (the new tasks stay, each its own).
 DELETE FROM task_retries WHERE task_id = :task_id
+
+-- Invariants of re-runs and limited queues, for postroom audit (see postroom.audit.CHECKS).
+
+-- name: audit_store_retry_of_unrerunnable_task
+-- An operator ran a task again only from failed, expired or cancelled, and a re-run never
+-- rewrites it, so the task a re-run record names is still in one of those states (pruning a
+-- task forgets its records with it).
+SELECT task_retries.task_id || '#' || task_retries.number AS identity,
+       'the task is ' || coalesce(tasks.state, 'missing') AS detail
+FROM task_retries
+LEFT JOIN tasks ON tasks.task_id = task_retries.task_id
+WHERE tasks.state IS NULL OR tasks.state NOT IN ('failed', 'expired', 'cancelled')
+
+-- name: audit_store_retry_link_mismatch
+-- A re-run record and its new task name each other: the new task (while it is kept) runs the
+-- recorded task again, and a task that runs a kept task again has its record.
+SELECT task_retries.task_id || '#' || task_retries.number AS identity,
+       'new task ' || task_retries.new_task_id || ' runs '
+       || coalesce(tasks.retry_of, 'nothing') || ' again' AS detail
+FROM task_retries
+JOIN tasks ON tasks.task_id = task_retries.new_task_id
+WHERE tasks.retry_of IS NULL OR tasks.retry_of <> task_retries.task_id
+UNION ALL
+SELECT tasks.task_id AS identity, 'runs ' || tasks.retry_of || ' again, unrecorded' AS detail
+FROM tasks
+JOIN tasks AS old ON old.task_id = tasks.retry_of
+LEFT JOIN task_retries ON task_retries.new_task_id = tasks.task_id
+WHERE task_retries.new_task_id IS NULL
+
+-- name: audit_store_retry_numbers_gap
+-- A task's re-runs are numbered 1..n, one each: a gap means a decision was lost.
+SELECT task_id AS identity, count(*) || ' re-runs numbered up to ' || max(number) AS detail
+FROM task_retries
+GROUP BY task_id
+HAVING count(*) <> max(number)
+
+-- name: audit_store_pending_without_claim_at
+-- Every pending task has its turn (claim_at): one without is never claimed.
+SELECT task_id AS identity, 'pending without claim_at' AS detail
+FROM tasks
+WHERE state = 'pending' AND claim_at IS NULL
