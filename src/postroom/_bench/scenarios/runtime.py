@@ -468,8 +468,13 @@ def _rss(ctx: Context, key: str, total: int) -> list[Measurement]:
                 rig.children.check()
                 time.sleep(_LOOK_EVERY * 5)
 
-        for goal in (warm_up, total):
+        # Read along the way too, so that a plateau (a cache filled up) shows from a leak.
+        goals = sorted({warm_up, *(warm_up + (total - warm_up) * step // 4
+                                   for step in range(1, 5))})
+        readings: list[int] = []
+        for goal in goals:
             feed_to(goal)
+            readings.append(goal)
             sizes["worker"].append(rss_kib(worker.process.pid))
             sizes["dispatcher"].append(rss_kib(dispatcher.process.pid))
             ctx.progress(f"{key} rss after {goal:,} tasks delivered "
@@ -482,8 +487,9 @@ def _rss(ctx: Context, key: str, total: int) -> list[Measurement]:
         label=f"{'SQLite' if key == 'sqlite' else 'PostgreSQL'}: `postroom "
               f"{'worker' if name == 'worker' else 'dispatch'}` RSS after {total:,} tasks "
               f"over RSS after {warm_up:,}",
-        rounds=Rounds(rates=(kib[1] / kib[0],)),
-        details={"rss_kib_after_warm_up": kib[0], "rss_kib_at_end": kib[1],
+        rounds=Rounds(rates=(kib[-1] / kib[0],)),
+        details={"rss_kib_after_warm_up": kib[0], "rss_kib_at_end": kib[-1],
+                 "rss_kib_by_tasks_delivered": dict(zip(map(str, readings), kib, strict=True)),
                  "warm_up_tasks": warm_up, "tasks": total, "seconds": round(elapsed, 1),
                  "settings": "defaults"})
         for name, kib in sizes.items()]
