@@ -155,6 +155,26 @@ def test_a_coroutine_handler_runs_on_the_event_loop(store):
     assert [store.task(task_id).result for task_id in ids] == list(range(20))
 
 
+def test_no_more_handlers_run_at_once_than_the_workers_concurrency(store):
+    # A slot is taken back from the claims in flight and given to the running handlers at
+    # once: a claim made meanwhile (the settler's and the claimer's race) never sees it free.
+    now = {"running": 0, "most": 0}
+    app = App()
+
+    @app.handler("default")
+    async def briefly(payload: dict[str, object], ctx: Context) -> None:
+        now["running"] += 1  # on the worker's one event loop: no lock needed
+        now["most"] = max(now["most"], now["running"])
+        await asyncio.sleep(0.01)
+        now["running"] -= 1
+
+    for n in range(300):
+        send(store, f"m-{n}")
+    with running(store, app, dataclasses.replace(FAST, concurrency=4)) as worker:
+        eventually(lambda: worker.stats.done == 300)
+    assert 1 < now["most"] <= 4
+
+
 def test_a_long_handlers_lease_is_renewed_so_nobody_takes_it_over(store):
     release = threading.Event()
     app = App()

@@ -171,7 +171,8 @@ class Measurement:
         return {"id": self.id, "label": self.label, "backend": self.backend, "unit": self.unit,
                 "value": round(self.value, 4 if self.unit == "x" else 1),
                 "ratio_to_raw": None if self.ratio is None else round(self.ratio, 4),
-                "rounds": [round(rate, 1) for rate in self.rounds.rates],
+                "rounds": [round(rate, 4 if self.unit == "x" else 1)
+                           for rate in self.rounds.rates],
                 "round_ratios": [round(ratio, 4) for ratio in self.rounds.ratios],
                 "details": self.details}
 

@@ -32,8 +32,9 @@ def trivial(payload: dict[str, Any], ctx: Context) -> None:
 
 @app.handler(QUEUES["started"])
 def started(payload: dict[str, Any], ctx: Context) -> dict[str, float]:
-    """When the handler started (``time.monotonic()``)."""
-    return {"started": time.monotonic()}
+    """When the handler started (``time.monotonic()``, and ``time.time()`` to compare with
+    the store's times)."""
+    return {"started": time.monotonic(), "started_wall": time.time()}
 
 
 @app.handler(QUEUES["io"])

@@ -364,6 +364,12 @@ class Worker:
             self._reserved_of.subtract(reserved.of)
             self.stats.claimed += len(claims)
             started = [self._held.setdefault(claim.task_id, _Held(claim)) for claim in claims]
+            # Counted as running in the same breath as their slots stop being reserved, so
+            # that no other claim sees those slots free in between.
+            for held in started:
+                held.running = True
+                self._running_of[held.claim.queue] += 1
+            self._running += len(started)
             self._lock.notify_all()
         for held in started:
             self._begin(held)
@@ -371,10 +377,6 @@ class Worker:
     def _begin(self, held: _Held) -> None:
         spec = self._app.handler_for(held.claim.queue)
         assert spec is not None  # only the app's queues are claimed
-        with self._lock:
-            held.running = True
-            self._running += 1
-            self._running_of[held.claim.queue] += 1
         if spec.is_async:
             assert self._loop is not None
             asyncio.run_coroutine_threadsafe(self._run_async(spec, held), self._loop)

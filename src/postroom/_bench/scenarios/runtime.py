@@ -384,30 +384,44 @@ def _latency(ctx: Context, key: str, what: str) -> list[Measurement]:
     rng = random.Random(0)
     p50s: list[float] = []
     p99s: list[float] = []
+    split: dict[str, list[float]] = {"to_claim": [], "claim_to_start": []}
     with _rig(ctx, f"{key}-latency", queue) as rig:
         store = rig.store
         for index in range(ctx.sizes.rounds):
             deadline = time.time() + _DAY
             sent: dict[str, float] = {}
+            sent_wall: dict[str, float] = {}
             for n in range(tasks):
                 time.sleep(rng.uniform(0.005, 0.025))  # the worker is idle, waiting
                 message_id = f"l{index}-{n}"
                 store.receive(_AUTH, _envelope(queue, message_id, deadline))
-                sent[message_id] = time.monotonic()
+                sent[message_id], sent_wall[message_id] = time.monotonic(), time.time()
             rig.done += tasks
             rig.children.wait_for(lambda: _counted(store, "task", queue, "done") >= rig.done,
                                   "the latency round's tasks")
             rows = store._db.read(lambda tx: tx.execute(
-                "SELECT message_id, result FROM tasks WHERE state = 'done'").fetchall())
-            latencies = sorted((json.loads(row["result"])["started"] - sent[row["message_id"]])
-                               * 1000 for row in rows if row["message_id"] in sent)
+                "SELECT message_id, result, history FROM tasks WHERE state = 'done'"
+            ).fetchall())
+            ours = [(row["message_id"], json.loads(row["result"]),
+                     json.loads(row["history"])[0]["started_at"]) for row in rows
+                    if row["message_id"] in sent]
+            latencies = sorted((result["started"] - sent[name]) * 1000
+                               for name, result, _ in ours)
+            # Where it goes, on the wall clock: until the claim transaction's time, and
+            # from there (its statements, its commit, the hand-off) to the handler.
+            split["to_claim"].append(median([(claimed - sent_wall[name]) * 1000
+                                             for name, _, claimed in ours]))
+            split["claim_to_start"].append(median([(result["started_wall"] - claimed) * 1000
+                                                   for _, result, claimed in ours]))
             p50s.append(latencies[len(latencies) // 2])
             p99s.append(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))])
             ctx.progress(f"{what} latency round {index + 1}: p50 {p50s[-1]:.2f} ms, "
                          f"p99 {p99s[-1]:.2f} ms")
     details = {"tasks_per_round": tasks, "gap_ms": [5, 25], "from": "receive() returned",
                "to": "the handler started, in an idle `postroom worker` process",
-               "settings": "defaults"}
+               "settings": "defaults",
+               "median_ms_receive_to_claim_time": round(median(split["to_claim"]), 2),
+               "median_ms_claim_time_to_handler": round(median(split["claim_to_start"]), 2)}
     return [Measurement(id=f"runtime.latency.{key}.{name}", backend=ctx.target.backend,
                         unit="ms", rounds=Rounds(rates=tuple(values)), details=details,
                         label=f"{what}: enqueue-to-start latency of an idle `postroom "
@@ -455,8 +469,13 @@ def _rss(ctx: Context, key: str, total: int) -> list[Measurement]:
                 rig.children.check()
                 time.sleep(_LOOK_EVERY * 5)
 
-        for goal in (warm_up, total):
+        # Read along the way too, so that a plateau (a cache filled up) shows from a leak.
+        goals = sorted({warm_up, *(warm_up + (total - warm_up) * step // 4
+                                   for step in range(1, 5))})
+        readings: list[int] = []
+        for goal in goals:
             feed_to(goal)
+            readings.append(goal)
             sizes["worker"].append(rss_kib(worker.process.pid))
             sizes["dispatcher"].append(rss_kib(dispatcher.process.pid))
             ctx.progress(f"{key} rss after {goal:,} tasks delivered "
@@ -469,8 +488,9 @@ def _rss(ctx: Context, key: str, total: int) -> list[Measurement]:
         label=f"{'SQLite' if key == 'sqlite' else 'PostgreSQL'}: `postroom "
               f"{'worker' if name == 'worker' else 'dispatch'}` RSS after {total:,} tasks "
               f"over RSS after {warm_up:,}",
-        rounds=Rounds(rates=(kib[1] / kib[0],)),
-        details={"rss_kib_after_warm_up": kib[0], "rss_kib_at_end": kib[1],
+        rounds=Rounds(rates=(kib[-1] / kib[0],)),
+        details={"rss_kib_after_warm_up": kib[0], "rss_kib_at_end": kib[-1],
+                 "rss_kib_by_tasks_delivered": dict(zip(map(str, readings), kib, strict=True)),
                  "warm_up_tasks": warm_up, "tasks": total, "seconds": round(elapsed, 1),
                  "settings": "defaults"})
         for name, kib in sizes.items()]
