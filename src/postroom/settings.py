@@ -16,8 +16,9 @@ from postroom.validation import (
     check_text,
 )
 
-__all__ = ["DEFAULT_RETENTION", "DELIVERY_BUDGETS", "LEASES", "MAX_RETENTION", "Backoff",
-           "ExponentialBackoff", "FixedBackoff", "Settings", "check_lease", "check_retention"]
+__all__ = ["DEFAULT_RETENTION", "DELIVERY_BUDGETS", "LEASES", "MAX_PRIORITY_WEIGHT",
+           "MAX_RETENTION", "Backoff", "ExponentialBackoff", "FixedBackoff", "Settings",
+           "check_lease", "check_retention"]
 
 _DAY = 86_400.0
 #: The retention period a new store publishes unless its first opener gives one: 7 days.
@@ -27,6 +28,9 @@ MAX_RETENTION = 3650 * _DAY
 #: The shortest and longest lease, in seconds (a task's, a delivery's; a store's default or
 #: one call's): a millisecond to a day.
 LEASES = (0.001, _DAY)
+#: The most a priority level may be worth (seconds of waiting): claims look this many
+#: seconds per level past now for a task of the lowest priority, and no further.
+MAX_PRIORITY_WEIGHT = 3600.0
 #: The delivery budgets a store may be given (``postroom audit`` holds stored replies to it).
 DELIVERY_BUDGETS = range(1, 101)
 
@@ -116,7 +120,9 @@ class Settings:
     #: Seconds of waiting one priority level is worth: a task runs before one of a lower
     #: priority unless that one became claimable more than ``difference * priority_weight``
     #: seconds earlier. Priorities order a queue, and the lowest is never starved (it waits
-    #: at most ``20 * priority_weight`` behind fresher work of the highest).
+    #: at most ``20 * priority_weight`` behind fresher work of the highest). At most
+    #: ``MAX_PRIORITY_WEIGHT``; the processes sharing a store should use one weight (a task's
+    #: turn is set by the process that stores it).
     priority_weight: float = 60.0
     #: Principals allowed to send messages; ``None`` admits every authenticated principal.
     allowed_sources: frozenset[str] | None = None
@@ -125,7 +131,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         check_lease(self.lease)
-        _bounded("priority_weight", self.priority_weight, 0.0, _DAY)
+        _bounded("priority_weight", self.priority_weight, 0.0, MAX_PRIORITY_WEIGHT)
         check_lease(self.dispatch_lease, "dispatch_lease")
         if self.retention is not None:
             check_retention(self.retention)

@@ -79,6 +79,19 @@ def test_a_fresher_higher_priority_task_still_goes_first_within_the_rule(store, 
     assert store.claim("w").message_id == "newer"
 
 
+def test_the_lowest_priority_at_the_largest_weight_is_claimed_when_nothing_else_waits(
+        db_url, clock, auth):
+    settings = postroom.Settings(priority_weight=postroom.settings.MAX_PRIORITY_WEIGHT)
+    with postroom.open_store(db_url, clock=clock, settings=settings) as heavy:
+        heavy.receive(auth, envelope("last-in-line", priority=-10))
+        assert heavy.claim("w").message_id == "last-in-line"
+
+
+def test_a_priority_weight_above_the_largest_is_refused_naming_it():
+    with pytest.raises(postroom.InvalidInput, match="priority_weight"):
+        postroom.Settings(priority_weight=postroom.settings.MAX_PRIORITY_WEIGHT + 1)
+
+
 @pytest.mark.parametrize("priority", [11, -11, 1.5, True, "1"])
 def test_a_priority_out_of_range_is_refused_naming_it(store, auth, priority):
     with pytest.raises(postroom.InvalidEnvelope, match="priority"):

@@ -14,7 +14,8 @@ by one of:
 - a rule that more than one query states, written once in a ``-- fragment: name`` block of
   the SQL files (``{claimable}``, ``{claim_is_current}``);
 - a set of states taken from the enums themselves (``{terminal_task_states}``), so SQL and
-  Python cannot disagree about which states are final.
+  Python cannot disagree about which states are final; or a bound the rules set
+  (``{claim_reach}``).
 
 Then the parameters are converted to the driver's style.
 """
@@ -28,6 +29,8 @@ from enum import StrEnum
 from importlib import resources
 
 from postroom.models import ReplyState, TaskState
+from postroom.settings import MAX_PRIORITY_WEIGHT
+from postroom.validation import PRIORITY_LIMIT
 
 __all__ = ["STATE_FRAGMENTS", "Query", "QuerySet", "load_queries", "parse_queries"]
 
@@ -36,11 +39,16 @@ def _states(states: Iterable[StrEnum]) -> str:
     return ", ".join(f"'{state.value}'" for state in states)
 
 
-#: Sets of states as SQL lists, from the enums (``state IN ({terminal_task_states})``).
+#: Sets of states as SQL lists, from the enums (``state IN ({terminal_task_states})``), and
+#: the bounds the rules set.
 STATE_FRAGMENTS: Mapping[str, str] = {
     "terminal_task_states": _states(state for state in TaskState if state.terminal),
     "live_task_states": _states(state for state in TaskState if not state.terminal),
     "final_reply_states": _states((ReplyState.SENT, ReplyState.DEAD)),
+    # How far past now a claimable task's claim_at can lie: the lowest priority, at the
+    # largest weight a level may have. Claims stop their index walk there, so tasks held
+    # until later cost them nothing.
+    "claim_reach": repr(PRIORITY_LIMIT * MAX_PRIORITY_WEIGHT),
 }
 
 _NAME = re.compile(r"^--\s*(name|fragment):\s*([a-z0-9_]+)\s*$")

@@ -82,8 +82,11 @@ WHERE principal = :principal AND stream = :stream AND watermark < :watermark
 -- A task that a claim of queue :queue may pick at :now: pending, available (not held back
 -- by a retry's backoff or its not_before), its deadline still ahead. Claims take them in
 -- order of claim_at, its availability moved earlier by its priority (the partial index
--- tasks_claimable serves that order, head first).
-state = 'pending' AND queue = :queue AND available_at <= :now AND deadline > :now
+-- tasks_claimable serves that order, head first). A task available by :now has its claim_at
+-- at most {claim_reach} seconds later (the lowest priority at the largest weight), so the
+-- walk of the index ends there, however many tasks are held until later.
+state = 'pending' AND queue = :queue AND claim_at <= :now + {claim_reach}
+  AND available_at <= :now AND deadline > :now
 
 -- fragment: claim_is_current
 -- The claim (:claim_owner, :fence) is still the task's: running under that owner and fence,
