@@ -84,6 +84,7 @@ READS = {
     "status_cumulative_counts": Read("status_cumulative_counts", {}, "postroom_counts"),
     "status_wait_counts": Read("status_wait_counts", {}, "wait_continuations_unconsumed",
                                frozenset({"waits_due", "waits_one_waiting",
+                                          "waits_by_responder",
                                           "wait_continuations_unconsumed"})),
     "tasks_page": Read("tasks_page", page(state=None), "tasks_by_created"),
     "tasks_page next": Read("tasks_page", page(state=None, **NEXT), "tasks_by_created"),

@@ -17,7 +17,8 @@ from tests.support import SETTINGS, START, analyze, database_of
 TABLES = ("waits", "wait_slots", "wait_receipts", "wait_continuations", "wait_effects")
 # Partial indexes that hold only the rows a sweep wants: walking their head in order is the
 # bounded read we ask for, not a scan of the table.
-HEADS = ("USING INDEX waits_due", "USING INDEX wait_continuations_unconsumed")
+HEADS = ("USING INDEX waits_due", "USING INDEX waits_by_responder",
+         "USING INDEX wait_continuations_unconsumed")
 ADDRESS = {"flow": "f", "step": "s-17", "generation": 1}
 HOT_QUERIES = {
     "waits_due": {"now": START + 50, "limit": 100},
