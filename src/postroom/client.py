@@ -489,7 +489,7 @@ class RemoteWorker:
         except Exception as exc:  # any other exception is a retryable failure
             return Failed(claim=claim, reason=f"{type(exc).__name__}: {exc}"[:4096] or "error")
         return Finished(claim=claim, result=result, follow_ups=context.follow_ups,
-                        waits=context.waits)
+                        waits=context.waits, side_effects=context.side_effects)
 
     def _renew(self, claim: Claim, context: Context, done: threading.Event) -> None:
         while not done.wait(self.lease / 3):

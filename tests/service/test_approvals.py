@@ -9,7 +9,8 @@ import asyncio
 import httpx
 
 import postroom
-from postroom.client import AsyncClient
+from postroom.client import AsyncClient, RemoteWorker
+from postroom.runtime import App, Context
 from tests.support import START
 
 DEADLINE = START + 3600
@@ -177,3 +178,19 @@ def test_the_async_client_answers_an_approval_request(service):
 
     receipt = asyncio.run(answer())
     assert isinstance(receipt, dict) and receipt["result"] == "accepted"
+
+
+def test_a_remote_worker_commits_the_side_effect_its_handler_declares(service):
+    service.client("hana").grant_approval("a-1", requested_by="alice", **ASK)
+    app = App()
+
+    @app.handler("default")
+    def refund(payload: dict, ctx: Context) -> str:
+        ctx.side_effect("refund", "customer:17", REFUND)
+        return "refunded"
+
+    ack = service.client("alice").submit("m-refund", {"n": 1}, deadline=DEADLINE)
+    worker = RemoteWorker(service.client("wendy"), app)
+    assert worker.run_once() == 1
+    [effect] = service.store.side_effects(ack.task_id)
+    assert effect.approval_id == "a-1" and service.store.approval("a-1").uses == 1
