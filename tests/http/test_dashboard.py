@@ -12,7 +12,7 @@ import pytest
 
 import postroom
 from postroom.http.dashboard import COOKIE, Chart, chart
-from tests.http.site import Site, site
+from tests.http.site import Site, ask_alice, site
 from tests.support import START, envelope
 
 
@@ -161,18 +161,8 @@ def test_a_human_cannot_answer_a_wait_addressed_to_another(served, store):
     assert store.wait("refund-18", "approval").state is postroom.WaitState.WAITING
 
 
-def _ask_alice(store: postroom.Store) -> None:
-    """A task that finishes asking alice to approve a refund (wait refund-19/approval #1)."""
-    store.receive(postroom.AuthContext(principal="planner"), envelope(
-        "m-ask", sender="planner", queue="asks"))
-    store.finish(store.claim("worker-3", queues="asks"), None, waits=[postroom.OpenWait(
-        flow="refund-19", step="approval", deadline=START + 3600, responder="alice",
-        approval=postroom.ApprovalRequest(action="refund", resource="customer:19",
-                                          data={"amount": 40}, expires_at=START + 7200))])
-
-
 def test_an_approval_request_shows_approve_and_deny_to_the_addressed_human(served, store):
-    _ask_alice(store)
+    ask_alice(store)
     page = logged_in(served, "alice").get(served.page("/waits")).text
     row = re.search(r'<tr data-wait="refund-19/approval">(.*?)</tr>', page, re.S)
     plain = re.search(r'<tr data-wait="refund-17/approval">(.*?)</tr>', page, re.S)
@@ -184,7 +174,7 @@ def test_an_approval_request_shows_approve_and_deny_to_the_addressed_human(serve
 
 
 def test_a_human_approves_from_the_waits_page_and_the_approval_is_granted(served, store):
-    _ask_alice(store)
+    ask_alice(store)
     client = logged_in(served, "alice")
     page = client.get(served.page("/waits")).text
     answer = client.post(served.page("/waits/refund-19/approval/1/approval"), data={
@@ -196,7 +186,7 @@ def test_a_human_approves_from_the_waits_page_and_the_approval_is_granted(served
 
 
 def test_an_operator_sees_an_approval_request_but_cannot_answer_it(served, store):
-    _ask_alice(store)
+    ask_alice(store)
     client = logged_in(served, "ops")
     page = client.get(served.page("/waits")).text
     row = re.search(r'<tr data-wait="refund-19/approval">(.*?)</tr>', page, re.S)
@@ -208,7 +198,7 @@ def test_an_operator_sees_an_approval_request_but_cannot_answer_it(served, store
 
 
 def test_an_approval_answer_without_the_csrf_token_grants_nothing(served, store):
-    _ask_alice(store)
+    ask_alice(store)
     client = logged_in(served, "alice")
     answer = client.post(served.page("/waits/refund-19/approval/1/approval"), data={
         "csrf": "0" * 64, "event_id": "e-1", "approve": "true"})
