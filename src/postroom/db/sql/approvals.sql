@@ -93,10 +93,11 @@ WHERE approval_requests.answer IS NULL AND waits.state = 'waiting'
 ORDER BY waits.deadline, approval_requests.flow, approval_requests.step LIMIT :limit
 
 -- name: approval_requests_open_for
--- The unanswered approval requests addressed to :responder whose wait still waits.
-SELECT approval_requests.* FROM approval_requests
-JOIN waits ON waits.flow = approval_requests.flow AND waits.step = approval_requests.step
-          AND waits.generation = approval_requests.generation
-WHERE approval_requests.responder = :responder AND approval_requests.answer IS NULL
-  AND waits.state = 'waiting'
-ORDER BY waits.deadline, approval_requests.flow, approval_requests.step LIMIT :limit
+-- The unanswered approval requests addressed to :responder whose wait still waits: walks
+-- waits_by_responder (a request's wait is addressed to the request's responder).
+SELECT approval_requests.* FROM waits
+JOIN approval_requests ON approval_requests.flow = waits.flow
+     AND approval_requests.step = waits.step AND approval_requests.generation = waits.generation
+WHERE waits.responder = :responder AND waits.state = 'waiting'
+  AND approval_requests.answer IS NULL
+ORDER BY waits.deadline, waits.flow, waits.step LIMIT :limit
