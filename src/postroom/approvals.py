@@ -32,6 +32,7 @@ from postroom.inbox import principal_of
 from postroom.models import (
     Approval,
     ApprovalRequest,
+    AskedApproval,
     AuthContext,
     CommittedEffect,
     SideEffect,
@@ -45,8 +46,9 @@ from postroom.validation import fingerprint as digest
 from postroom.waits import SignalRequest
 
 __all__ = ["ANSWER", "GRANT", "HUMAN", "REVOKE", "CheckedAsk", "CheckedEffect", "Grant", "Terms",
-           "answer", "ask", "check_ask", "check_effect", "check_grant", "check_human", "consume",
-           "get", "grant", "request_approval_id", "revoke", "side_effects"]
+           "answer", "ask", "asked", "check_ask", "check_effect", "check_grant", "check_human",
+           "consume", "get", "grant", "listed", "request_approval_id", "revoke",
+           "side_effects"]
 
 GRANT = Write("grant_approval")
 REVOKE = Write("revoke_approval")
@@ -308,3 +310,18 @@ def get(tx: Tx, approval_id: str) -> Approval:
 def side_effects(tx: Tx, task_id: str) -> list[CommittedEffect]:
     """The side effects ``task_id`` committed, each with the approval use it consumed."""
     return [CommittedEffect.from_row(row) for row in tx.all("side_effects_of", task_id=task_id)]
+
+
+def listed(tx: Tx, granted_by: str | None, limit: int) -> list[Approval]:
+    """The newest approvals (those ``granted_by`` granted, if given), at most ``limit``."""
+    rows = (tx.all("approvals_listed", limit=limit) if granted_by is None
+            else tx.all("approvals_listed_by", granted_by=granted_by, limit=limit))
+    return [Approval.from_row(row) for row in rows]
+
+
+def asked(tx: Tx, responder: str | None, limit: int) -> list[AskedApproval]:
+    """The approval requests that await an answer (addressed to ``responder``, if given),
+    earliest deadline first, at most ``limit``."""
+    rows = (tx.all("approval_requests_open", limit=limit) if responder is None
+            else tx.all("approval_requests_open_for", responder=responder, limit=limit))
+    return [AskedApproval.from_row(row) for row in rows]

@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 from urllib.parse import quote
 
@@ -120,11 +120,9 @@ def _outcome_body(outcome: Finished | Failed | Released) -> dict[str, Any]:
     fence = outcome.claim.fence
     if isinstance(outcome, Finished):
         return {"fence": fence, "result": outcome.result,
-                "follow_ups": [_given(**{item.name: getattr(follow_up, item.name)
-                                         for item in fields(follow_up)})
-                               for follow_up in outcome.follow_ups],
-                "waits": [_given(**{item.name: getattr(wait, item.name)
-                                    for item in fields(wait)}) for wait in outcome.waits]}
+                "follow_ups": [_given(**asdict(follow_up)) for follow_up in outcome.follow_ups],
+                "waits": [_given(**asdict(wait)) for wait in outcome.waits],
+                "side_effects": [asdict(effect) for effect in outcome.side_effects]}
     if isinstance(outcome, Failed):
         return {"fence": fence, "reason": outcome.reason, "retryable": outcome.retryable}
     return {"fence": fence, "delay": outcome.delay}
@@ -235,6 +233,42 @@ class _Api:
         return self._send(_Op("POST", f"/v1/waits/{quote(flow, safe='')}/"
                                       f"{quote(step, safe='')}/{generation}/signal",
                               {"event_id": event_id, "value": value}))
+
+    # approvals
+    def answer_approval(self, event_id: str, flow: str, step: str, generation: int, *,
+                        approve: bool) -> Any:
+        """As the addressed human, approve or deny the approval a wait generation asks for
+        (the grant and the signal in one transaction); the receipt (``result``)."""
+        return self._send(_Op("POST", f"/v1/waits/{quote(flow, safe='')}/"
+                                      f"{quote(step, safe='')}/{generation}/approval",
+                              {"event_id": event_id, "approve": approve}))
+
+    def approval_requests(self, *, responder: str | None = None,
+                          limit: int | None = None) -> Any:
+        """The approval requests awaiting an answer (a human's: those addressed to it)."""
+        return self._send(_Op("GET", "/v1/approval-requests",
+                              params=_given(responder=responder, limit=limit)))
+
+    def grant_approval(self, approval_id: str, *, action: str, resource: str, data: Any,
+                       expires_at: float, requested_by: str, max_uses: int = 1) -> Any:
+        """As a human, grant an approval (a dict of the stored approval)."""
+        return self._send(_Op("POST", "/v1/approvals", {
+            "approval_id": approval_id, "action": action, "resource": resource, "data": data,
+            "expires_at": expires_at, "requested_by": requested_by, "max_uses": max_uses}))
+
+    def approvals(self, *, granted_by: str | None = None, limit: int | None = None) -> Any:
+        """The newest approvals (a human's: those it granted)."""
+        return self._send(_Op("GET", "/v1/approvals",
+                              params=_given(granted_by=granted_by, limit=limit)))
+
+    def approval(self, approval_id: str) -> Any:
+        """One approval with its uses."""
+        return self._send(_Op("GET", f"/v1/approvals/{quote(approval_id, safe='')}"))
+
+    def revoke_approval(self, approval_id: str, *, reason: str) -> Any:
+        """Revoke an approval: ``{"revoked": bool}``."""
+        return self._send(_Op("POST", f"/v1/approvals/{quote(approval_id, safe='')}/revoke",
+                              {"reason": reason}))
 
     # operators
     def cancel(self, task_id: str, *, reason: str = "cancelled") -> Any:
@@ -455,7 +489,7 @@ class RemoteWorker:
         except Exception as exc:  # any other exception is a retryable failure
             return Failed(claim=claim, reason=f"{type(exc).__name__}: {exc}"[:4096] or "error")
         return Finished(claim=claim, result=result, follow_ups=context.follow_ups,
-                        waits=context.waits)
+                        waits=context.waits, side_effects=context.side_effects)
 
     def _renew(self, claim: Claim, context: Context, done: threading.Event) -> None:
         while not done.wait(self.lease / 3):

@@ -13,6 +13,7 @@ __all__ = [
     "Ack",
     "Approval",
     "ApprovalRequest",
+    "AskedApproval",
     "Attempt",
     "AttemptOutcome",
     "AuthContext",
@@ -153,6 +154,38 @@ class Approval:
                    granted_at=float(row["granted_at"]),
                    revoked_at=None if row["revoked_at"] is None else float(row["revoked_at"]),
                    revoked_by=row["revoked_by"], revoke_reason=row["revoke_reason"])
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AskedApproval:
+    """A task's request for a human's approval, asked by the wait generation it opened and
+    addressed to ``responder``: what the approval would allow, and the answer once given."""
+
+    flow: str
+    step: str
+    generation: int
+    approval_id: str  # the approval an accepted "approve" answer grants
+    action: str
+    resource: str
+    data: Any
+    max_uses: int
+    expires_at: float
+    requested_by: str  # the task that asked
+    responder: str  # the only human whose answer counts
+    answer: str | None = None  # "granted" or "denied" once answered
+    answered_at: float | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> AskedApproval:
+        """Build from an ``approval_requests`` row."""
+        return cls(flow=row["flow"], step=row["step"], generation=int(row["generation"]),
+                   approval_id=row["approval_id"], action=row["action"],
+                   resource=row["resource"], data=json.loads(row["data"]),
+                   max_uses=int(row["max_uses"]), expires_at=float(row["expires_at"]),
+                   requested_by=row["requested_by"], responder=row["responder"],
+                   answer=row["answer"],
+                   answered_at=None if row["answered_at"] is None else float(
+                       row["answered_at"]))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

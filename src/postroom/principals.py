@@ -40,7 +40,7 @@ from enum import StrEnum
 from postroom.db import Tx, Write
 from postroom.db.dialect import Row
 from postroom.errors import Conflict, InvalidInput, NotFound, Unauthorized
-from postroom.models import Task, Wait
+from postroom.models import Approval, Task, Wait
 from postroom.settings import Settings
 from postroom.validation import MAX_DELAY, check_number, check_text
 
@@ -59,6 +59,7 @@ __all__ = [
     "get",
     "listed",
     "may_answer",
+    "may_read_approval",
     "may_read_task",
     "may_read_wait",
     "may_work",
@@ -268,3 +269,10 @@ def may_answer(principal: Principal, wait: Wait) -> bool:
     if principal.role is Role.OPERATOR:
         return wait.responder is None
     return principal.role is Role.HUMAN and wait.responder == principal.name
+
+
+def may_read_approval(principal: Principal, approval: Approval) -> bool:
+    """An operator reads every approval; a human those it granted."""
+    if principal.role is Role.OPERATOR:
+        return True
+    return principal.role is Role.HUMAN and approval.granted_by == principal.name

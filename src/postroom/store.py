@@ -45,6 +45,7 @@ from postroom.errors import (
 from postroom.models import (
     Ack,
     Approval,
+    AskedApproval,
     AuthContext,
     Chain,
     Claim,
@@ -1023,6 +1024,26 @@ class Store:
         """The approval ``approval_id`` as stored; ``NotFound`` if there is none."""
         check_text(approval_id, "approval_id", max_bytes=self._settings.limits.text_bytes)
         return self._db.read(lambda tx: approvals.get(tx, approval_id))
+
+    def list_approvals(self, *, granted_by: str | None = None,
+                       limit: int = 100) -> list[Approval]:
+        """The newest approvals first (those ``granted_by`` granted, if given), at most
+        ``limit`` (1..1000)."""
+        self._optional_name(granted_by, "granted_by")
+        count = check_int(limit, "limit", low=1, high=1000)
+        return self._db.read(lambda tx: approvals.listed(tx, granted_by, count))
+
+    def approval_requests(self, *, responder: str | None = None,
+                          limit: int = 100) -> list[AskedApproval]:
+        """The approval requests awaiting an answer (their wait still waits), addressed to
+        ``responder`` if given, earliest deadline first, at most ``limit`` (1..1000)."""
+        self._optional_name(responder, "responder")
+        count = check_int(limit, "limit", low=1, high=1000)
+        return self._db.read(lambda tx: approvals.asked(tx, responder, count))
+
+    def _optional_name(self, name: str | None, field: str) -> None:
+        if name is not None:
+            check_text(name, field, max_bytes=self._settings.limits.text_bytes)
 
     def side_effects(self, task_id: str) -> list[CommittedEffect]:
         """The side effects ``task_id`` committed with its finish, each with the approval use

@@ -1,6 +1,7 @@
 """The dashboard in a real browser (headless Chromium, JavaScript off) against a real
 uvicorn server on 127.0.0.1: log in, see the four stages, open a task page, answer a wait as
-a human, requeue a dead reply as an operator; a screenshot of every page is kept."""
+a human, approve an approval request, requeue a dead reply as an operator; a screenshot of
+every page is kept."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import postroom
-from tests.http.site import Site, site
+from tests.http.site import Site, ask_alice, site
 
 STAGES = ("1. received", "2. processing", "3. business outcome", "4. reply delivery")
 
@@ -69,6 +70,21 @@ def test_a_human_answers_a_wait_addressed_to_it(page, served, store, artifacts, 
     shot(page, artifacts, backend, "wait-answered")
     wait = store.wait("refund-17", "approval")
     assert (wait.state, wait.event_principal) == (postroom.WaitState.SIGNALED, "alice")
+
+
+def test_a_human_approves_an_approval_request_from_the_waits_page(page, served, store,
+                                                                 artifacts, backend):
+    ask_alice(store)
+    log_in(page, served, "alice", artifacts, backend)
+    page.goto(served.page("/waits"))
+    row = page.locator('#open-waits tr[data-wait="refund-19/approval"]')
+    assert "customer:19" in row.inner_text()
+    shot(page, artifacts, backend, "approval-request")
+    row.locator("button[name=approve][value=true]").click()
+    assert "refund-19/approval #1 approved: accepted" in page.locator(".notice").inner_text()
+    shot(page, artifacts, backend, "approval-granted")
+    [approval] = store.list_approvals()
+    assert (approval.granted_by, approval.resource) == ("alice", "customer:19")
 
 
 def test_an_operator_requeues_a_dead_reply_with_a_reason(page, served, store, artifacts,

@@ -323,3 +323,42 @@ def test_a_tasks_story_shows_its_chain_and_the_approval_its_side_effect_used(sto
     assert story.chain is not None and story.chain.root_task_id == claim.task_id
     assert [(effect.approval_id, effect.use_number) for effect in story.side_effects] == [
         ("refund-17", 1)]
+
+
+# -- listings ------------------------------------------------------------------------------
+
+
+def test_approvals_are_listed_newest_first_and_by_granter(store, clock):
+    _grant(store, "first")
+    clock.advance(1)
+    _grant(store, "second", by=BOB)
+    clock.advance(1)
+    _grant(store, "third")
+    assert [item.approval_id for item in store.list_approvals()] == [
+        "third", "second", "first"]
+    assert [item.approval_id for item in store.list_approvals(granted_by="alice",
+                                                              limit=1)] == ["third"]
+
+
+def test_an_approval_request_is_listed_for_its_responder_until_answered(store, claim):
+    generation = _ask(store, claim)
+    [asked] = store.approval_requests(responder="alice")
+    assert (asked.generation, asked.requested_by, asked.data, asked.answer) == (
+        generation, claim.task_id, REFUND, None)
+    assert store.approval_requests(responder="bob") == []
+    store.answer_approval(ALICE, "no-1", "refund-17", "approval", generation, approve=False)
+    assert store.approval_requests() == []
+
+
+def test_an_approval_request_whose_wait_timed_out_is_not_listed(store, claim, clock):
+    _ask(store, claim)
+    clock.advance(601)
+    store.expire_due()
+    assert store.approval_requests(responder="alice") == []
+
+
+@pytest.mark.parametrize("limit", [0, 1001, "5"])
+def test_an_approval_listing_limit_out_of_range_names_the_field(store, limit):
+    with pytest.raises(postroom.InvalidInput) as refused:
+        store.list_approvals(limit=limit)
+    assert refused.value.field == "limit"

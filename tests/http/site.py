@@ -30,6 +30,16 @@ class Site:
         return f"{self.url}/dashboard{path}"
 
 
+def ask_alice(store: postroom.Store) -> None:
+    """A task that finishes asking alice to approve a refund (wait refund-19/approval #1)."""
+    store.receive(postroom.AuthContext(principal="planner"), envelope(
+        "m-ask", sender="planner", queue="asks"))
+    store.finish(store.claim("worker-3", queues="asks"), None, waits=[postroom.OpenWait(
+        flow="refund-19", step="approval", deadline=START + 3600, responder="alice",
+        approval=postroom.ApprovalRequest(action="refund", resource="customer:19",
+                                          data={"amount": 40}, expires_at=START + 7200))])
+
+
 def populate(store: postroom.Store, transport: postroom.Transport) -> dict[str, str]:
     """One task per story the pages tell; returns their ids by name."""
     planner = postroom.AuthContext(principal="planner")

@@ -12,7 +12,7 @@ import pytest
 
 import postroom
 from postroom.http.dashboard import COOKIE, Chart, chart
-from tests.http.site import Site, site
+from tests.http.site import Site, ask_alice, site
 from tests.support import START, envelope
 
 
@@ -159,6 +159,50 @@ def test_a_human_cannot_answer_a_wait_addressed_to_another(served, store):
         "csrf": csrf(page), "event_id": "e-1", "value": "true"})
     assert answer.status_code == 404
     assert store.wait("refund-18", "approval").state is postroom.WaitState.WAITING
+
+
+def test_an_approval_request_shows_approve_and_deny_to_the_addressed_human(served, store):
+    ask_alice(store)
+    page = logged_in(served, "alice").get(served.page("/waits")).text
+    row = re.search(r'<tr data-wait="refund-19/approval">(.*?)</tr>', page, re.S)
+    plain = re.search(r'<tr data-wait="refund-17/approval">(.*?)</tr>', page, re.S)
+    assert row is not None and plain is not None
+    assert "customer:19" in row.group(1)
+    assert re.findall(r'name="approve" value="(\w+)">(\w+)<', row.group(1)) == [
+        ("true", "Approve"), ("false", "Deny")]
+    assert 'name="approve"' not in plain.group(1)
+
+
+def test_a_human_approves_from_the_waits_page_and_the_approval_is_granted(served, store):
+    ask_alice(store)
+    client = logged_in(served, "alice")
+    page = client.get(served.page("/waits")).text
+    answer = client.post(served.page("/waits/refund-19/approval/1/approval"), data={
+        "csrf": csrf(page), "event_id": "e-1", "approve": "true"})
+    [approval] = store.list_approvals()
+    assert answer.status_code == 200 and "approved: accepted" in answer.text
+    assert (approval.granted_by, approval.resource) == ("alice", "customer:19")
+    assert store.wait("refund-19", "approval").state is postroom.WaitState.SIGNALED
+
+
+def test_an_operator_sees_an_approval_request_but_cannot_answer_it(served, store):
+    ask_alice(store)
+    client = logged_in(served, "ops")
+    page = client.get(served.page("/waits")).text
+    row = re.search(r'<tr data-wait="refund-19/approval">(.*?)</tr>', page, re.S)
+    assert row is not None and "customer:19" in row.group(1) and "Approve" not in row.group(1)
+    token = csrf(client.get(served.page("/queues")).text)  # the waits page has no form
+    answer = client.post(served.page("/waits/refund-19/approval/1/approval"), data={
+        "csrf": token, "event_id": "e-1", "approve": "true"})
+    assert answer.status_code == 403 and store.list_approvals() == []
+
+
+def test_an_approval_answer_without_the_csrf_token_grants_nothing(served, store):
+    ask_alice(store)
+    client = logged_in(served, "alice")
+    answer = client.post(served.page("/waits/refund-19/approval/1/approval"), data={
+        "csrf": "0" * 64, "event_id": "e-1", "approve": "true"})
+    assert answer.status_code == 403 and store.list_approvals() == []
 
 
 def test_a_write_without_the_session_s_csrf_token_changes_nothing(served, store):

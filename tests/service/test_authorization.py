@@ -4,8 +4,9 @@ on records that do not exist.
 
 What may succeed is stated here, independently of the service (``ALLOWED``): agents submit
 and read their own tasks and replies; workers work the claims they hold in the queues they
-are granted; humans read and answer the waits addressed to them; operators do everything
-else. The matrix counts and asserts:
+are granted; humans read and answer the waits addressed to them, answer the approval
+requests addressed to them, grant approvals and read and revoke those they granted;
+operators do everything else but grant or answer approvals. The matrix counts and asserts:
 
 - unauthorized successes: a 2xx where the rule says no (must be 0);
 - existence leaks: a refused call on an existing record whose answer differs in any byte
@@ -33,11 +34,14 @@ CALLERS = [*PRINCIPALS, None]  # None: no token at all
 @dataclass
 class World:
     """Records of several principals: alice's and bob's ended tasks (with dead replies),
-    wendy's and walt's claims, waits addressed to hana, to hugo and to nobody."""
+    wendy's and walt's claims, waits addressed to hana, to hugo and to nobody, approval
+    requests addressed to hana and to hugo, and an approval granted by each."""
 
     tasks: dict[str, str]  # owner -> its ended task
     claims: dict[str, postroom.Claim]  # worker -> its claim
     waits: dict[str | None, tuple[str, str, int]]  # responder -> its wait's address
+    asks: dict[str, tuple[str, str, int]]  # responder -> its approval request's address
+    approvals: dict[str, str]  # granter -> its approval's id
 
 
 def build(store: postroom.Store, prefix: str) -> World:
@@ -67,7 +71,24 @@ def build(store: postroom.Store, prefix: str) -> World:
         flow = f"{prefix}-flow-{responder}"
         opened = store.open_wait(flow, "ask", 0, START + 600, responder=responder)
         waits[responder] = (flow, "ask", opened.generation)
-    return World(tasks=tasks, claims=claims, waits=waits)
+    humans = ("hana", "hugo")
+    store.receive(postroom.AuthContext(principal="alice"), postroom.Envelope(
+        message_id=f"{prefix}-asking", sender="alice", payload={"n": 3}, deadline=DEADLINE,
+        queue=f"{prefix}-asking"))
+    [asking] = store.claim_batch("builder", 1, queues=[f"{prefix}-asking"])
+    store.finish(asking, "asked", waits=[postroom.OpenWait(
+        flow=f"{prefix}-approve-{human}", step="ask", deadline=START + 600, responder=human,
+        approval=postroom.ApprovalRequest(action="refund", resource="c:1", data={"n": 1},
+                                          expires_at=DEADLINE)) for human in humans])
+    approvals = {}
+    for human in humans:
+        approvals[human] = store.grant_approval(
+            postroom.AuthContext(principal=human, role="human"), f"{prefix}-by-{human}",
+            action="refund", resource="c:2", data={}, expires_at=DEADLINE,
+            requested_by="alice").approval_id
+    return World(tasks=tasks, claims=claims, waits=waits,
+                 asks={human: (f"{prefix}-approve-{human}", "ask", 1) for human in humans},
+                 approvals=approvals)
 
 
 def role(name: str | None) -> str | None:
@@ -79,6 +100,7 @@ def role(name: str | None) -> str | None:
 TASK_OWNERS = ["alice", "bob", "missing"]
 CLAIM_HOLDERS = ["wendy", "walt", "missing"]
 RESPONDERS: list[str | None] = ["hana", "hugo", None, "missing"]
+HUMANS = ["hana", "hugo", "missing"]
 
 
 def allowed(route: str, caller: str | None, target: Any) -> bool:
@@ -104,6 +126,12 @@ def allowed(route: str, caller: str | None, target: Any) -> bool:
         return kind == "worker" and target == caller
     if route in ("list_waits", "get_wait"):
         return kind == "operator" or (kind == "human" and target in (caller, "-"))
+    if route in ("grant_approval", "answer_approval"):
+        return kind == "human" and target in (caller, "-")
+    if route in ("list_approvals", "approval_requests"):
+        return kind in ("human", "operator")
+    if route in ("get_approval", "revoke_approval"):
+        return kind == "operator" or (kind == "human" and target == caller)
     if route == "signal":
         return (kind == "human" and target == caller) or (kind == "operator" and target is None)
     return kind == "operator"  # cancel, retry, retry_many, status, replies, queues, audit
@@ -142,6 +170,10 @@ def calls(route: str, world: World, caller: str | None) -> dict[Any, Call]:
             found[responder] = Call(f"/v1/waits/{flow}/{step}{suffix}", body)
         return found
 
+    def on_approvals(tail: str, body: Any = None) -> dict[Any, Call]:
+        ids = {**world.approvals, "missing": "no-such-approval"}
+        return {human: Call(f"/v1/approvals/{ids[human]}{tail}", body) for human in HUMANS}
+
     single: dict[str, Call] = {
         "healthz": Call("/healthz"), "readyz": Call("/readyz"), "whoami": Call("/v1/me"),
         "submit": Call("/v1/tasks", envelope),
@@ -155,6 +187,11 @@ def calls(route: str, world: World, caller: str | None) -> dict[Any, Call]:
         "dead_replies": Call("/v1/replies/dead"), "paused_queues": Call("/v1/queues"),
         "pause": Call("/v1/queues/default/pause", {"reason": "r"}),
         "resume": Call("/v1/queues/default/resume"), "audit": Call("/v1/audit"),
+        "grant_approval": Call("/v1/approvals", {
+            "approval_id": unique, "action": "a", "resource": "r", "data": None,
+            "expires_at": DEADLINE, "requested_by": "alice"}),
+        "list_approvals": Call("/v1/approvals"),
+        "approval_requests": Call("/v1/approval-requests"),
     }
     if route in single:
         return {"-": single[route]}
@@ -172,8 +209,18 @@ def calls(route: str, world: World, caller: str | None) -> dict[Any, Call]:
         "get_wait": lambda: on_waits(""),
         "signal": lambda: on_waits("/signal", {"event_id": unique, "value": 1},
                                    generation=True),
+        "answer_approval": lambda: {human: Call(
+            "/v1/waits/{}/{}/{}/approval".format(*world.asks.get(human, ("nope", "ask", 1))),
+            {"event_id": unique, "approve": True}) for human in HUMANS},
+        "get_approval": lambda: on_approvals(""),
+        "revoke_approval": lambda: on_approvals("/revoke", {"reason": "no"}),
     }
     return by_route[route]()
+
+
+#: The listings, and the field naming whose each listed record is.
+LISTED = {"list_tasks": "principal", "list_waits": "responder",
+          "approval_requests": "responder", "list_approvals": "granted_by"}
 
 
 def test_no_role_does_more_than_its_rules_and_no_refusal_tells_what_exists(service):
@@ -197,9 +244,8 @@ def test_no_role_does_more_than_its_rules_and_no_refusal_tells_what_exists(servi
                     counts["refused_allowances"] += 1
                     findings.append(f"{caller} {route.name} {target} refused: "
                                     f"{answer.status_code} {answer.text[:120]}")
-                if ok and route.name in ("list_tasks", "list_waits") and role(caller) != (
-                        "operator"):
-                    whose = "principal" if route.name == "list_tasks" else "responder"
+                whose = LISTED.get(route.name)
+                if ok and whose is not None and role(caller) != "operator":
                     foreign = [item for item in answer.json()["items"] if item[whose] != caller]
                     if foreign:
                         counts["unauthorized_successes"] += 1

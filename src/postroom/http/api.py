@@ -20,11 +20,12 @@ import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import postroom
 from postroom import (
+    ApprovalRequest,
     AttemptOutcome,
     Claim,
     Envelope,
@@ -33,7 +34,9 @@ from postroom import (
     InvalidInput,
     NotFound,
     OpenWait,
+    Principal,
     Role,
+    SideEffect,
     Task,
     TaskState,
     Wait,
@@ -41,9 +44,17 @@ from postroom import (
 from postroom.http.problems import NOT_FOUND, Problem
 from postroom.http.routing import Answer, Call
 from postroom.http.schemas import Schema, array, boolean, integer, nullable, number, obj, text
-from postroom.principals import may_answer, may_read_task, may_read_wait, may_work
+from postroom.principals import (
+    may_answer,
+    may_read_approval,
+    may_read_task,
+    may_read_wait,
+    may_work,
+)
 
 __all__ = ["owner_of", "plain"]
+
+R = TypeVar("R")
 
 MAX_BATCH = 1000  # items in one HTTP batch (the store allows more; a request stays small)
 MAX_CLAIMS = 100
@@ -91,10 +102,19 @@ FOLLOW_UP = obj({"message_id": text(128), "payload": OBJECT, "queue": text(),
 OPEN_WAIT = obj({"flow": text(), "step": text(), "deadline": number(),
                  "expected_generation": integer(0, 2**31 - 1), "request_id": text(),
                  "responder": text()}, required=("flow", "step", "deadline"))
+APPROVAL_ID = text()
+TERMS: Mapping[str, Schema] = {"action": text(), "resource": text(), "data": ANY}
+ASK = obj({**TERMS, "expires_at": number(), "max_uses": integer(1, 10_000)},
+          required=("action", "resource", "data", "expires_at"))
+SIDE_EFFECT = obj({**TERMS, "approval_id": nullable(APPROVAL_ID)},
+                  required=("action", "resource", "data"))
 RENEW_BODY = obj({"fence": FENCE, "lease": LEASE}, required=("fence",))
 FINISH_BODY = obj({"fence": FENCE, "result": ANY,
                    "follow_ups": array(FOLLOW_UP, max_items=100),
-                   "waits": array(OPEN_WAIT, max_items=16)}, required=("fence",))
+                   "waits": array(obj({**OPEN_WAIT["properties"], "approval": nullable(ASK),
+                                       "children": boolean()},
+                                      required=("flow", "step", "deadline")), max_items=16),
+                   "side_effects": array(SIDE_EFFECT, max_items=16)}, required=("fence",))
 FAIL_BODY = obj({"fence": FENCE, "reason": REASON, "retryable": boolean()},
                 required=("fence", "reason"))
 RELEASE_BODY = obj({"fence": FENCE, "delay": number(minimum=0, maximum=365 * 86_400)},
@@ -102,6 +122,12 @@ RELEASE_BODY = obj({"fence": FENCE, "delay": number(minimum=0, maximum=365 * 86_
 OPEN_WAIT_BODY = obj({**OPEN_WAIT["properties"], "task_id": TASK_ID},
                      required=("flow", "step", "deadline"))
 SIGNAL_BODY = obj({"event_id": text(), "value": ANY}, required=("event_id",))
+ANSWER_BODY = obj({"event_id": text(), "approve": boolean()}, required=("event_id", "approve"))
+GRANT_BODY = obj({**ASK["properties"], "approval_id": APPROVAL_ID, "requested_by": text()},
+                 required=("approval_id", "action", "resource", "data", "expires_at",
+                           "requested_by"))
+APPROVAL_QUERY: Mapping[str, Schema] = {"granted_by": text(), "limit": integer(1, 1000)}
+ASKED_QUERY: Mapping[str, Schema] = {"responder": text(), "limit": integer(1, 1000)}
 WAIT_QUERY: Mapping[str, Schema] = {"due_before": number(), "responder": text(),
                                     "limit": integer(1, 1000), "cursor": text(4096)}
 GENERATION_QUERY: Mapping[str, Schema] = {"generation": integer(1, 2**31 - 1)}
@@ -156,24 +182,25 @@ def _own(call: Call, whose: str) -> dict[str, Any] | None:
     return query
 
 
-def _visible_task(call: Call, task_id: str) -> Task:
+def _visible(call: Call, read: Callable[[], R], may: Callable[[Principal, R], bool]) -> R:
+    """The record ``read`` returns if the caller ``may`` see it; else, as when there is
+    none, ``NOT_FOUND``."""
     try:
-        task = call.store.task(task_id)
+        record = read()
     except NotFound:
         raise NOT_FOUND from None
-    if not may_read_task(call.principal, task):
+    if not may(call.principal, record):
         raise NOT_FOUND
-    return task
+    return record
+
+
+def _visible_task(call: Call, task_id: str) -> Task:
+    return _visible(call, lambda: call.store.task(task_id), may_read_task)
 
 
 def _visible_wait(call: Call, generation: int | None = None) -> Wait:
-    try:
-        wait = call.store.wait(call.params["flow"], call.params["step"], generation)
-    except NotFound:
-        raise NOT_FOUND from None
-    if not may_read_wait(call.principal, wait):
-        raise NOT_FOUND
-    return wait
+    return _visible(call, lambda: call.store.wait(call.params["flow"], call.params["step"],
+                                                  generation), may_read_wait)
 
 
 def _claim_of(call: Call) -> Claim:
@@ -365,15 +392,21 @@ def _outcome(call: Call, kind: str, commit: Callable[[Claim], Answer]) -> Answer
 
 
 def finish(call: Call) -> Answer:
-    """Finish the caller's claim on a task with ``result``; its follow-ups and waits commit
-    with it. A retry after a lost answer is answered ``replay: true``."""
+    """Finish the caller's claim on a task with ``result``; its follow-ups, its waits (each
+    may ask its responder for an ``approval``) and its declared ``side_effects`` commit with
+    it: each side effect consumes a use of a human's approval, or the finish is refused 403
+    ``not-approved`` and writes nothing. A retry after a lost answer is answered
+    ``replay: true``."""
     body = call.body
     follow_ups = [FollowUp(**item) for item in body.get("follow_ups", ())]
-    waits = [OpenWait(**item) for item in body.get("waits", ())]
+    waits = [OpenWait(**{**item, "approval": None if item.get("approval") is None
+                         else ApprovalRequest(**item["approval"])})
+             for item in body.get("waits", ())]
+    effects = [SideEffect(**item) for item in body.get("side_effects", ())]
 
     def commit(claim: Claim) -> Answer:
         openings = call.store.finish(claim, body.get("result"), follow_ups=follow_ups,
-                                     waits=waits)
+                                     waits=waits, side_effects=effects)
         return Answer(body={"state": TaskState.DONE.value, "replay": False,
                             "waits": [plain(opening) for opening in openings]})
 
@@ -442,10 +475,72 @@ def signal(call: Call) -> Answer:
     return Answer(body=plain(receipt))
 
 
+def answer_approval(call: Call) -> Answer:
+    """The addressed human approves (``approve: true``) or denies the approval a wait
+    generation asks for: the grant and the wait's signal commit in one transaction, so the
+    flow resumes once. The receipt's ``result`` as ``signal``'s (a resend is ``replay`` and
+    grants nothing again)."""
+    assert call.caller is not None
+    wait = _visible_wait(call, _generation(call.params["generation"]))
+    receipt = call.store.answer_approval(call.caller.auth, call.body["event_id"], wait.flow,
+                                         wait.step, wait.generation,
+                                         approve=call.body["approve"])
+    return Answer(body=plain(receipt))
+
+
 def _generation(text_value: str) -> int:
     if not text_value.isdigit() or len(text_value) > 10:
         raise InvalidInput("generation", "must be a positive integer")
     return int(text_value)
+
+
+# -- approvals ------------------------------------------------------------------------------
+
+
+def _visible_approval(call: Call) -> postroom.Approval:
+    return _visible(call, lambda: call.store.approval(call.params["approval_id"]),
+                    may_read_approval)
+
+
+def grant_approval(call: Call) -> Answer:
+    """Grant an approval as the calling human: ``action`` on ``resource`` carrying exactly
+    ``data``, ``max_uses`` times (default 1) until ``expires_at``, for ``requested_by``. A
+    resend of the same grant answers the stored approval; other terms under the same
+    ``approval_id`` are 409 ``payload-collision``."""
+    assert call.caller is not None
+    body = dict(call.body)
+    approval = call.store.grant_approval(call.caller.auth, body.pop("approval_id"), **body)
+    return Answer(status=201, body=plain(approval))
+
+
+def get_approval(call: Call) -> Answer:
+    """One approval as stored, with its uses (a human sees those it granted)."""
+    return Answer(body=plain(_visible_approval(call)))
+
+
+def revoke_approval(call: Call) -> Answer:
+    """Revoke an approval (its granter, or an operator): no use commits after this does
+    (``revoked: false`` if it was revoked already)."""
+    assert call.caller is not None
+    approval = _visible_approval(call)
+    revoked = call.store.revoke_approval(call.caller.auth, approval.approval_id,
+                                         reason=call.body["reason"])
+    return Answer(body={"approval_id": approval.approval_id, "revoked": revoked})
+
+
+def list_approvals(call: Call) -> Answer:
+    """The newest approvals first (a human's: those it granted)."""
+    query = _own(call, "granted_by")
+    found = call.store.list_approvals(**query) if query is not None else []
+    return Answer(body={"items": [plain(item) for item in found], "next_cursor": None})
+
+
+def approval_requests(call: Call) -> Answer:
+    """The approval requests awaiting an answer, earliest deadline first (a human's: those
+    addressed to it)."""
+    query = _own(call, "responder")
+    found = call.store.approval_requests(**query) if query is not None else []
+    return Answer(body={"items": [plain(item) for item in found], "next_cursor": None})
 
 
 # -- operators ------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from postroom.http.routing import Guard, Limits, Route, endpoint, openapi, probl
 __all__ = ["ROUTES", "Limits", "build_app", "create_app", "serve"]
 
 AGENT = frozenset({Role.AGENT})
+HUMAN = frozenset({Role.HUMAN})
 WORKER = frozenset({Role.WORKER})
 OPERATOR = frozenset({Role.OPERATOR})
 ANYONE = frozenset(Role)
@@ -49,6 +50,7 @@ OPENERS = frozenset({Role.WORKER, Role.OPERATOR})
 
 TASK = "/v1/tasks/{task_id}"
 WAIT = "/v1/waits/{flow}/{step}"
+APPROVAL = "/v1/approvals/{approval_id}"
 
 #: The API, in the order the OpenAPI document lists it.
 ROUTES: tuple[Route, ...] = (
@@ -93,6 +95,19 @@ ROUTES: tuple[Route, ...] = (
           query=api.GENERATION_QUERY, answers={200: api.RESULT}, tag="waits"),
     Route(method="POST", path=f"{WAIT}/{{generation}}/signal", handler=api.signal,
           roles=ANSWERERS, body=api.SIGNAL_BODY, answers={200: api.RESULT}, tag="waits"),
+    # approvals
+    Route(method="POST", path=f"{WAIT}/{{generation}}/approval", handler=api.answer_approval,
+          roles=HUMAN, body=api.ANSWER_BODY, answers={200: api.RESULT}, tag="approvals"),
+    Route(method="GET", path="/v1/approval-requests", handler=api.approval_requests,
+          roles=ANSWERERS, query=api.ASKED_QUERY, answers={200: api.PAGE}, tag="approvals"),
+    Route(method="POST", path="/v1/approvals", handler=api.grant_approval, roles=HUMAN,
+          body=api.GRANT_BODY, answers={201: api.RESULT}, tag="approvals"),
+    Route(method="GET", path="/v1/approvals", handler=api.list_approvals, roles=ANSWERERS,
+          query=api.APPROVAL_QUERY, answers={200: api.PAGE}, tag="approvals"),
+    Route(method="GET", path=APPROVAL, handler=api.get_approval, roles=ANSWERERS,
+          answers={200: api.RESULT}, tag="approvals"),
+    Route(method="POST", path=f"{APPROVAL}/revoke", handler=api.revoke_approval,
+          roles=ANSWERERS, body=api.REASON_BODY, answers={200: api.RESULT}, tag="approvals"),
     # operators
     Route(method="POST", path=f"{TASK}/cancel", handler=api.cancel, roles=OPERATOR,
           body=api.OPTIONAL_REASON, answers={200: api.RESULT}, tag="operators"),

@@ -50,6 +50,8 @@ from postroom import (
     Role,
     Store,
     TaskState,
+    Unauthorized,
+    Wait,
     principals,
 )
 from postroom.http.auth import authenticate
@@ -182,6 +184,8 @@ def _served(store: Store, handler: Handler, *, operator: bool) -> Callable[
             return _render("message.html", viewer, refused.status, message=refused.message)
         except NotFound:
             return _render("message.html", viewer, 404, message="not found")
+        except Unauthorized as exc:
+            return _render("message.html", viewer, 403, message=str(exc))
         except PostroomError as exc:
             return _render("message.html", viewer, 400, message=str(exc))
 
@@ -290,8 +294,13 @@ async def _waits(request: Request, store: Store, viewer: Viewer,
         raise _Refused(403, "only humans (the waits addressed to them) and operators see waits")
     cursor = request.query_params.get("cursor") or None
     page = await run_in_threadpool(lambda: store.list_waits(limit=PAGE, cursor=cursor))
-    shown = [(wait, principals.may_answer(viewer.principal, wait)) for wait in page.items
-             if principals.may_read_wait(viewer.principal, wait)]
+    responder = None if viewer.operator else viewer.principal.name
+    asked = {(item.flow, item.step, item.generation): item
+             for item in await run_in_threadpool(lambda: store.approval_requests(
+                 responder=responder, limit=1000))}
+    shown = [(wait, principals.may_answer(viewer.principal, wait),
+              asked.get((wait.flow, wait.step, wait.generation)))
+             for wait in page.items if principals.may_read_wait(viewer.principal, wait)]
     return _render("waits.html", viewer, waits=shown, more=page.next_cursor,
                    event_id=uuid.uuid4().hex, notice=request.query_params.get("done", ""),
                    now=store.clock.now())
@@ -329,13 +338,21 @@ def _required(form: Mapping[str, str], name: str) -> str:
     return value
 
 
-async def _signal(request: Request, store: Store, viewer: Viewer,
-                  form: dict[str, str]) -> Response:
+async def _visible_wait(request: Request, store: Store, viewer: Viewer) -> Wait:
+    """The path's wait generation, if the viewer may see it (else, as a missing one, a
+    404)."""
     flow, step = request.path_params["flow"], request.path_params["step"]
-    generation = int(request.path_params["generation"])
-    wait = await run_in_threadpool(store.wait, flow, step, generation)
+    wait = await run_in_threadpool(store.wait, flow, step,
+                                   int(request.path_params["generation"]))
     if not principals.may_read_wait(viewer.principal, wait):
         raise NotFound(f"{flow}/{step}")
+    return wait
+
+
+async def _signal(request: Request, store: Store, viewer: Viewer,
+                  form: dict[str, str]) -> Response:
+    wait = await _visible_wait(request, store, viewer)
+    flow, step, generation = wait.flow, wait.step, wait.generation
     if not principals.may_answer(viewer.principal, wait):
         raise _Refused(403, "this wait waits for another principal's answer")
     try:
@@ -346,6 +363,20 @@ async def _signal(request: Request, store: Store, viewer: Viewer,
     receipt = await run_in_threadpool(store.signal, viewer.auth, _required(form, "event_id"),
                                       flow, step, generation, value)
     return _back("/waits", done=f"{flow}/{step} #{generation}: {receipt.result.value}")
+
+
+async def _approve(request: Request, store: Store, viewer: Viewer,
+                   form: dict[str, str]) -> Response:
+    wait = await _visible_wait(request, store, viewer)
+    flow, step, generation = wait.flow, wait.step, wait.generation
+    approve = _required(form, "approve")
+    if approve not in ("true", "false"):
+        raise _Refused(400, "approve: must be true or false")
+    receipt = await run_in_threadpool(lambda: store.answer_approval(
+        viewer.auth, _required(form, "event_id"), flow, step, generation,
+        approve=approve == "true"))
+    said = "approved" if approve == "true" else "denied"
+    return _back("/waits", done=f"{flow}/{step} #{generation} {said}: {receipt.result.value}")
 
 
 async def _requeue(request: Request, store: Store, viewer: Viewer,
@@ -483,6 +514,8 @@ def routes(store: Store, *, secure_cookie: bool = False) -> list[BaseRoute]:
         Route("/retries", operators(_retry_many), methods=post),
         Route("/waits", anyone(_waits), methods=get),
         Route("/waits/{flow}/{step}/{generation:int}/signal", anyone(_signal), methods=post),
+        Route("/waits/{flow}/{step}/{generation:int}/approval", anyone(_approve),
+              methods=post),
         Route("/replies/dead", operators(_dead), methods=get),
         Route("/replies/{reply_id}/requeue", operators(_requeue), methods=post),
         Route("/queues", operators(_queues), methods=get),

@@ -23,6 +23,7 @@ from postroom import (
     Conflict,
     Fenced,
     InvalidInput,
+    NotApproved,
     NotFound,
     PayloadCollision,
     PostroomError,
@@ -78,6 +79,8 @@ def problem_for(exc: PostroomError) -> Problem:
                        acks=[ack.to_dict() for ack in exc.acks], failed_index=exc.index)
     if isinstance(exc, InvalidInput):
         return Problem(400, "invalid-input", "Invalid input", str(exc), field=exc.field)
+    if isinstance(exc, NotApproved):
+        return Problem(403, "not-approved", "Not approved", str(exc))
     if isinstance(exc, Unauthorized):
         return Problem(403, "forbidden", "Forbidden", str(exc))
     if isinstance(exc, Fenced):

@@ -74,3 +74,30 @@ SELECT * FROM approval_requests WHERE flow = :flow AND step = :step AND generati
 -- Record the human's answer to a request not answered yet.
 UPDATE approval_requests SET answer = :answer, answered_at = :now
 WHERE flow = :flow AND step = :step AND generation = :generation AND answer IS NULL
+
+-- name: approvals_listed
+-- The newest approvals first, at most :limit.
+SELECT * FROM approvals ORDER BY granted_at DESC, approval_id LIMIT :limit
+
+-- name: approvals_listed_by
+-- The newest approvals :granted_by granted first, at most :limit.
+SELECT * FROM approvals WHERE granted_by = :granted_by
+ORDER BY granted_at DESC, approval_id LIMIT :limit
+
+-- name: approval_requests_open
+-- The unanswered approval requests whose wait still waits, earliest deadline first.
+SELECT approval_requests.* FROM approval_requests
+JOIN waits ON waits.flow = approval_requests.flow AND waits.step = approval_requests.step
+          AND waits.generation = approval_requests.generation
+WHERE approval_requests.answer IS NULL AND waits.state = 'waiting'
+ORDER BY waits.deadline, approval_requests.flow, approval_requests.step LIMIT :limit
+
+-- name: approval_requests_open_for
+-- The unanswered approval requests addressed to :responder whose wait still waits: walks
+-- waits_by_responder (a request's wait is addressed to the request's responder).
+SELECT approval_requests.* FROM waits
+JOIN approval_requests ON approval_requests.flow = waits.flow
+     AND approval_requests.step = waits.step AND approval_requests.generation = waits.generation
+WHERE waits.responder = :responder AND waits.state = 'waiting'
+  AND approval_requests.answer IS NULL
+ORDER BY waits.deadline, waits.flow, waits.step LIMIT :limit
