@@ -50,12 +50,20 @@ def place(tx: Tx, settings: Settings, checked: CheckedEnvelope
     """
     if checked.parent_task_id is None:
         return checked, _root(settings, checked, tx.now)
-    parent = tx.one("task_parent", task_id=checked.parent_task_id)
-    made_by_postroom = checked.principal.startswith(FOLLOW_UP_NAMESPACES)
-    if parent is None or not (made_by_postroom or parent["principal"] == checked.principal):
-        raise Unauthorized(f"parent_task_id {checked.parent_task_id!r} names no task of "
-                           f"principal {checked.principal!r}: a message joins only a chain "
-                           f"that its own sender's task is in")
+    if checked.retry_of is not None:
+        # An operator's re-run takes the place of the task it runs again (its chain and
+        # hops), whose parent may long be pruned.
+        parent = tx.one("task_parent", task_id=checked.retry_of)
+        assert parent is not None  # the re-run task is locked by the re-run
+        hops = int(parent["hops"])
+    else:
+        parent = tx.one("task_parent", task_id=checked.parent_task_id)
+        made_by_postroom = checked.principal.startswith(FOLLOW_UP_NAMESPACES)
+        if parent is None or not (made_by_postroom or parent["principal"] == checked.principal):
+            raise Unauthorized(f"parent_task_id {checked.parent_task_id!r} names no task of "
+                               f"principal {checked.principal!r}: a message joins only a "
+                               f"chain that its own sender's task is in")
+        hops = int(parent["hops"]) + 1
     root = str(parent["root_task_id"] or parent["task_id"])
     row = tx.one("chain_get_locked", root_task_id=root)
     if row is None:  # a chain older than its row (its root pruned before version 10)
@@ -67,7 +75,7 @@ def place(tx: Tx, settings: Settings, checked: CheckedEnvelope
     chain = Chain.from_row(row)
     spent = transitions.chain_budget_spent(tasks=chain.tasks, max_tasks=chain.max_tasks,
                                            cost=chain.cost, max_cost=chain.max_cost)
-    placed = replace(checked, hops=int(parent["hops"]) + 1)
+    placed = replace(checked, hops=hops)
     return placed, Placement(root_task_id=root, max_hops=chain.max_hops, budget_spent=spent,
                              cancelled=chain.cancel_reason if chain.cancelled_at else None)
 

@@ -279,3 +279,28 @@ def test_a_fan_in_cancelled_with_its_chain_continues_with_the_cancellations(stor
     [continuation] = store.continuations()
     assert [child["status"] for child in continuation.value["children"]] == [
         "cancelled", "cancelled"]
+
+
+def test_a_re_run_of_a_follow_up_takes_its_place_in_the_chain(store, auth):
+    root = store.receive(auth, envelope(deadline=START + 86_400)).task_id
+    [child] = _spawn(store, store.claim("w"), "child")
+    store.fail(store.claim("w"), "broken", retryable=False)
+    rerun = store.task(store.retry(child.task_id, operator="op", reason="fixed").new_task_id)
+    assert (rerun.root_task_id, rerun.hops) == (root, child.hops)
+
+
+def test_a_re_run_of_a_follow_up_whose_parent_was_pruned_keeps_its_chain(
+        db_url, make_url, clock, auth):
+    with postroom.open_store(db_url, clock=clock,
+                             settings=replace(SETTINGS, retention=60.0)) as store, \
+            postroom.Receiver.open(make_url("receiver")) as receiver:
+        root = store.receive(auth, envelope(deadline=START + 86_400)).task_id
+        [child] = _spawn(store, store.claim("w"), "child")
+        store.dispatch(postroom.InProcessTransport(receiver))  # the root's reply is sent
+        clock.advance(61)
+        store.fail(store.claim("w"), "broken", retryable=False)
+        assert store.prune() >= 1
+        with pytest.raises(postroom.NotFound):
+            store.task(root)
+        rerun = store.task(store.retry(child.task_id, operator="op", reason="fixed").new_task_id)
+        assert (rerun.root_task_id, rerun.hops) == (root, child.hops)
