@@ -555,7 +555,9 @@ class Store:
             schedules.enqueue_due(tx, self._settings, limit=limit)), otherwise=[])
 
     def cancel(self, task_id: str, *, reason: str = "cancelled") -> bool:
-        """Cancel a pending or running task; ``False`` if it is already terminal."""
+        """Cancel a pending or running task, and when it is a chain's root, every live task
+        of its chain (each fenced as a single cancel is; the chain's later work is born
+        cancelled). ``False`` if nothing was left to cancel."""
         check_text(task_id, "task_id", max_bytes=TASK_ID_BYTES)
         check_text(reason, "reason", max_bytes=4096)
         return self._db.write(tasks.CANCEL, lambda tx: tasks.cancel(

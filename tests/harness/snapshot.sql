@@ -8,7 +8,7 @@
 SELECT tasks.task_id, tasks.state, tasks.queue, tasks.owner, tasks.fence, tasks.attempts,
        tasks.max_attempts, tasks.lease_until, tasks.available_at, tasks.deadline, tasks.hops,
        tasks.parent_task_id, tasks.result, tasks.not_before, tasks.priority, tasks.claim_at,
-       tasks.retry_of, inbox.fingerprint, inbox.received_at,
+       tasks.retry_of, tasks.root_task_id, inbox.fingerprint, inbox.received_at,
        CASE WHEN EXISTS (
            SELECT 1 FROM stream_positions
            JOIN streams ON streams.principal = stream_positions.principal

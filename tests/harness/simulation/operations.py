@@ -646,14 +646,22 @@ def plan_cancel(world: World) -> Action | None:
         except NotFound:
             step.expect(was is None, f"cancel of stored task {task_id}: NotFound")
             return "not_found"
-        step.expect(was is not None and cancelled == (was["state"] not in TERMINAL),
+        # Cancelling a chain's root cancels every live task of its chain, itself included.
+        chain_live = was is not None and (was["state"] not in TERMINAL or any(
+            row["root_task_id"] == task_id and row["state"] not in TERMINAL
+            for row in step.before.tasks.values()))
+        step.expect(was is not None and cancelled == chain_live,
                     f"cancel of {task_id} ({was and was['state']}) returned {cancelled}")
         if cancelled:
-            row = step.after().tasks[task_id]
-            reply = step.after().replies.get(reply_id_for(task_id))
-            step.expect(row["state"] == "cancelled" and reply is not None
-                        and reply["status"] == "cancelled",
-                        f"cancelled task {task_id} is {row['state']} with reply {reply}")
+            for other, before in step.before.tasks.items():
+                if (other != task_id and before["root_task_id"] != task_id) \
+                        or before["state"] in TERMINAL:
+                    continue
+                row = step.after().tasks[other]
+                reply = step.after().replies.get(reply_id_for(other))
+                step.expect(row["state"] == "cancelled" and reply is not None
+                            and reply["status"] == "cancelled",
+                            f"cancelled task {other} is {row['state']} with reply {reply}")
         return "cancelled" if cancelled else "refused"
 
     return act

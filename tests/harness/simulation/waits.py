@@ -35,6 +35,7 @@ from postroom.models import (
     OpenResult,
     ResumeResult,
     SignalResult,
+    TaskState,
     WaitState,
 )
 from postroom.transitions import reply_id_for
@@ -651,6 +652,10 @@ def _check_follow_up(step: Step, task_id: str, parent: Row, effect: FollowUp) ->
     deadline = parent["deadline"] if effect.deadline is None else effect.deadline
     hops = parent["hops"] + 1
     state = born_state(deadline, hops, step.now, step.world.settings.max_hops)
+    # Cancelling a chain's root cancels the chain: its later work is born cancelled.
+    chain = step.world.store.chain(task_id)
+    if chain.cancelled_at is not None:
+        state = TaskState.CANCELLED.value
     queue = parent["queue"] if effect.queue is None else effect.queue
     found = (row["parent_task_id"], row["hops"], row["deadline"], row["queue"], row["state"])
     want = (parent["task_id"], hops, deadline, queue, state)

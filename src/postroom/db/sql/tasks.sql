@@ -385,7 +385,9 @@ WHERE tasks.state IS NULL OR tasks.state NOT IN ('failed', 'expired', 'cancelled
 
 -- name: audit_store_retry_link_mismatch
 -- A re-run record and its new task name each other: the new task (while it is kept) runs the
--- recorded task again, and a task that runs a kept task again has its record.
+-- recorded task again, and a task that runs a kept task again has its record. (A task created
+-- after its re-run is another one of that identity, received again after a prune forgot the
+-- first with its records.)
 SELECT task_retries.task_id || '#' || task_retries.number AS identity,
        'new task ' || task_retries.new_task_id || ' runs '
        || coalesce(tasks.retry_of, 'nothing') || ' again' AS detail
@@ -395,7 +397,7 @@ WHERE tasks.retry_of IS NULL OR tasks.retry_of <> task_retries.task_id
 UNION ALL
 SELECT tasks.task_id AS identity, 'runs ' || tasks.retry_of || ' again, unrecorded' AS detail
 FROM tasks
-JOIN tasks AS old ON old.task_id = tasks.retry_of
+JOIN tasks AS old ON old.task_id = tasks.retry_of AND old.created_at <= tasks.created_at
 LEFT JOIN task_retries ON task_retries.new_task_id = tasks.task_id
 WHERE task_retries.new_task_id IS NULL
 
