@@ -56,7 +56,9 @@ def artifacts() -> Path:
     return folder
 
 
-@pytest.fixture(scope="session")
+# Module-scoped: sync_playwright keeps an event loop running in the main thread, and every
+# later test in this process that calls asyncio.run() would fail while it lives.
+@pytest.fixture(scope="module")
 def browser(chromium: str) -> Iterator[object]:
     from playwright.sync_api import sync_playwright
 

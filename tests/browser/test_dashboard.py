@@ -32,6 +32,7 @@ def log_in(page, served: Site, name: str, artifacts: Path, backend: str) -> None
     page.fill("input[name=token]", served.tokens[name])
     shot(page, artifacts, backend, f"login-{name}")
     page.click("button[type=submit]")
+    page.wait_for_load_state()  # the overview's whole document, not only its first bytes
     assert page.url == served.page("/")
 
 

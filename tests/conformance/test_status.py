@@ -66,7 +66,7 @@ def test_each_business_outcome_is_counted_in_its_own_state(store, auth, clock):
     store.receive(auth, envelope("far", hops=store.settings.max_hops))
     assert queue_status(store).outcomes == {
         TaskState.DONE: 1, TaskState.FAILED: 1, TaskState.CANCELLED: 1, TaskState.EXPIRED: 1,
-        TaskState.HOP_LIMIT: 1}
+        TaskState.HOP_LIMIT: 1, TaskState.BUDGET_EXHAUSTED: 0}
 
 
 def test_a_retry_is_received_again_not_an_outcome(store, auth):
