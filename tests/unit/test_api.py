@@ -18,7 +18,8 @@ PUBLIC = [
     "TransientDeliveryError", "Transport", "Unauthorized", "Wait", "Waiter", "WaitNotOpened",
     "WaitOpening", "WaitState",
     # chains and approvals
-    "Approval", "ApprovalRequest", "CommittedEffect", "NotApproved", "SideEffect",
+    "Approval", "ApprovalRequest", "AskedApproval", "CommittedEffect", "NotApproved",
+    "SideEffect",
     # endpoints and webhooks
     "AddressRefused", "BadSignature", "Endpoint", "EndpointSecret", "Schedule",
     # periodic schedules
