@@ -185,7 +185,11 @@ def test_a_second_signal_ends_it_at_once_and_leases_recover_what_it_held(
         added = live_store.add_endpoint("planner", url, allow_private=True, concurrency=2)
         app = ReceiverApp(receiver, [added.secrets[0].secret])
         switch.app = stuck
-        with dispatcher(db_url, "--log-level", "info") as first:
+        # The deliveries on the wire outlast the test's two signals by far (a 10 s timeout,
+        # never answered): the first stop waits for them, so nothing is handed back before
+        # the second signal ends the process.
+        with dispatcher(db_url, "--log-level", "info", "--timeout", "10",
+                        "--lease", "15") as first:
             until(lambda: any(live_store.reply(task).state is ReplyState.SENDING
                               for task in tasks))
             first.terminate()
@@ -198,7 +202,7 @@ def test_a_second_signal_ends_it_at_once_and_leases_recover_what_it_held(
         switch.app = app
         with dispatcher(db_url) as second:
             until(lambda: all(live_store.reply(task).state is ReplyState.SENT
-                              for task in tasks))
+                              for task in tasks), timeout=60)
             second.terminate()
             assert second.wait() == 143
     assert [receiver.effect_count("reply:" + task) for task in tasks] == [1] * len(tasks)
