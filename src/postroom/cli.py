@@ -69,9 +69,8 @@ class CommandGroup(click.Group):
 @click.version_option(package_name="postroom")
 def main() -> None:
     """postroom: durable coordination for multi-agent systems."""
-    # The connection pool logs every failed attempt; a command's own error already gives
-    # the reason, in one line.
-    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+    # (The connection pool's retries reach stderr only through postroom.pool, a level lower
+    # than the pool's own: a command's own error already gives the reason, in one line.)
 
 
 @main.command()
