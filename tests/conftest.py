@@ -22,6 +22,14 @@ from tests import pg
 from tests.support import SETTINGS, START
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # Once per run, before any worker starts: what earlier runs left dead in the catalogs of
+    # the tests' database (see tests/pg.py) is cleared, so the run starts at full speed.
+    if not hasattr(session.config, "workerinput") and "postgres" in backends() \
+            and pg.problem() is None:
+        pg.vacuum_catalogs()
+
+
 def backends() -> list[str]:
     """The backends the suite runs against."""
     chosen = os.environ.get("POSTROOM_BACKENDS", "sqlite,postgres")

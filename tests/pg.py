@@ -5,7 +5,8 @@ cluster on 127.0.0.1:5432, trust authentication). Every store or receiver a test
 an empty schema of its own in the ``postroom_tests`` database (the URL sets its
 ``search_path``), dropped afterwards; postroom names its NOTIFY channel and migration lock
 after the schema, so tests running in parallel never see each other's rows or wake-ups.
-(A schema costs a millisecond; a database costs a checkpoint to drop.) A test that ends
+(A schema costs a millisecond; a database costs a checkpoint to drop. The catalog rows a
+dropped schema leaves dead are vacuumed now and then: see ``CATALOGS``.) A test that ends
 server sessions gets a database of its own (``create_database``), and a test that must
 restart PostgreSQL gets a ``Cluster`` of its own: a throwaway data directory on another port,
 so nothing else running is disturbed.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import os
 import shutil
 import socket
@@ -23,13 +25,14 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import psycopg.errors
 
 __all__ = ["ADMIN_URL", "Cluster", "create_database", "create_schema", "drop_database",
-           "drop_schema", "problem", "terminate_sessions", "with_database"]
+           "drop_schema", "problem", "terminate_sessions", "vacuum_catalogs", "with_database"]
 
 ADMIN_URL = os.environ.get("POSTROOM_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 #: The database that holds the tests' schemas (created on first use, never dropped).
@@ -77,11 +80,40 @@ def create_schema(label: str, admin_url: str = ADMIN_URL) -> str:
     return f"{tests_url}?options=-csearch_path%3D{name}"
 
 
+#: The catalogs every schema's tables, indexes and constraints add rows to. A dropped schema
+#: leaves them dead; this server may run without autovacuum (this machine's does), and then
+#: they pile up, run after run, until creating one store's tables takes 0.45 s instead of
+#: 0.09 s (measured here at 2.3 million dead rows of pg_attribute).
+CATALOGS = ("pg_attribute", "pg_class", "pg_depend", "pg_constraint", "pg_index", "pg_type",
+            "pg_attrdef", "pg_trigger", "pg_proc", "pg_sequence", "pg_namespace",
+            "pg_description", "pg_statistic")
+#: Schemas one process drops between two vacuums of the catalogs.
+VACUUM_EVERY = 100
+_drops = itertools.count(1)
+
+
 def drop_schema(url: str) -> None:
-    """Drop the schema a ``create_schema`` URL points at, with everything in it."""
+    """Drop the schema a ``create_schema`` URL points at, with everything in it (and now and
+    then vacuum the catalogs it leaves dead rows in)."""
     base, _, query = url.partition("?options=-csearch_path%3D")
     with psycopg.connect(base, autocommit=True, connect_timeout=10) as conn:
         conn.execute(f'DROP SCHEMA IF EXISTS "{query}" CASCADE')
+        if next(_drops) % VACUUM_EVERY == 0:
+            vacuum_catalogs(conn)
+
+
+def vacuum_catalogs(conn: psycopg.Connection[Any] | None = None) -> None:
+    """VACUUM the catalogs of the tests' database (``CATALOGS``), on ``conn`` if given (an
+    autocommit connection to it). Does nothing if the database does not exist yet."""
+    if conn is None:
+        try:
+            with psycopg.connect(with_database(ADMIN_URL, TESTS_DATABASE), autocommit=True,
+                                 connect_timeout=10) as own:
+                vacuum_catalogs(own)
+        except psycopg.OperationalError:  # not created yet: nothing to vacuum
+            pass
+        return
+    conn.execute("VACUUM " + ", ".join(f"pg_catalog.{name}" for name in CATALOGS))
 
 
 def create_database(label: str, admin_url: str = ADMIN_URL) -> str:
