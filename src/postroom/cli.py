@@ -25,7 +25,7 @@ __all__ = ["main"]
 BENCH_SCENARIOS = ("claim", "single", "batched", "commit-cost", "signals", "pg-claim", "pg-e2e",
                    "pg-latency", "worker", "delivered", "worker-latency", "concurrency",
                    "scheduled", "rss", "pg-workers", "pg-worker-latency", "pg-rss", "steps",
-                   "pg-steps", "peers", "pg-peers")
+                   "pg-steps", "peers", "pg-peers", "http-submit", "pg-http-submit")
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 

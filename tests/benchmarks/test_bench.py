@@ -43,6 +43,9 @@ STEPS = ("receive", "claim", "finish", "dispatch_claim", "receiver", "dispatch_r
 #: What each step of a one-at-a-time task costs, on each backend.
 STEP_ROWS = {f"steps.sqlite.{step}" for step in STEPS}
 PG_STEP_ROWS = {f"steps.postgres.{step}" for step in STEPS}
+#: Submit in process and over HTTP, one at a time, on each backend.
+HTTP_ROWS = {"http.sqlite.receive", "http.sqlite.submit"}
+PG_HTTP_ROWS = {"http.postgres.receive", "http.postgres.submit"}
 
 
 def _peer_rows(system: str, *, delivered: bool = False) -> set[str]:
@@ -116,8 +119,8 @@ def test_quick_run_reports_every_scenario_with_a_ratio_to_the_raw_loop(quick_rep
     rows = {row["id"]: row for row in quick_report["measurements"]
             if row["backend"] == "sqlite"}
     assert set(rows) == (SQLITE_ROWS | RUNTIME_ROWS | LATENCY_ROWS | RSS_ROWS | STEP_ROWS
-                         | PEER_ROWS)
-    for row in (rows[name] for name in SQLITE_ROWS | RUNTIME_ROWS):
+                         | PEER_ROWS | HTTP_ROWS)
+    for row in (rows[name] for name in SQLITE_ROWS | RUNTIME_ROWS | HTTP_ROWS):
         assert row["value"] == pytest.approx(statistics.median(row["rounds"]), abs=0.1)
         assert len(row["round_ratios"]) == len(row["rounds"]) > 0
         assert all(ratio > 0 for ratio in row["round_ratios"])
@@ -196,12 +199,14 @@ def test_quick_run_judges_every_bar(quick_report):
                 "worker_latency_sqlite_p50": 5.0, "concurrency_8_vs_1": 6.0,
                 "rss_sqlite_worker": 1.1, "rss_sqlite_dispatcher": 1.1,
                 "due_claims_flat_under_future_backlog": 0.7, "peers_sqlite_2x_huey": 2.0,
+                "http_submit_sqlite": 0.5,
                 **{f"peers_huey_w{workers}_{metric}": 1.0 for workers in (1, 4)
                    for metric in ("processed", "end_to_end")}}
     if quick_report["postgres"] is not None:
         expected |= {"pg_claim_scales_to_4_workers": 2.0, "pg_latency_p50": 10.0,
                      "pg_workers_vs_raw_pg": 0.75, "worker_latency_pg_p50": 5.0,
                      "rss_pg_worker": 1.1, "rss_pg_dispatcher": 1.1, "peers_pg_3x_best": 3.0,
+                     "http_submit_postgres": 0.5,
                      **{f"peers_procrastinate_w{workers}_{metric}": 1.0 for workers in (1, 4)
                         for metric in ("processed", "end_to_end")}}
     assert {name: bar["required"] for name, bar in bars.items()} == expected
@@ -227,8 +232,8 @@ def test_quick_run_judges_every_bar(quick_report):
 
 def test_quick_run_measures_postgres_workers_and_latency(pg_report):
     rows = {row["id"]: row for row in pg_report["measurements"] if row["backend"] == "postgres"}
-    assert set(rows) == POSTGRES_THROUGHPUT_ROWS | PG_RUNTIME_ROWS | PG_STEP_ROWS | PG_PEER_ROWS | {
-        "pg.latency.p50", "pg.latency.p99"}
+    assert set(rows) == (POSTGRES_THROUGHPUT_ROWS | PG_RUNTIME_ROWS | PG_STEP_ROWS | PG_PEER_ROWS
+                         | PG_HTTP_ROWS | {"pg.latency.p50", "pg.latency.p99"})
     for name in POSTGRES_THROUGHPUT_ROWS:
         row = rows[name]
         assert row["unit"] == "tasks/s" and row["value"] > 0
@@ -405,7 +410,8 @@ def test_unreachable_postgres_fails_the_run_before_anything_runs():
         assert "PostgreSQL at postgresql://postgres:***@127.0.0.1:1/postgres is unreachable" \
             in done.stderr
         assert ("pg-claim, pg-e2e, pg-latency, pg-workers, pg-worker-latency, pg-rss, "
-                "pg-steps, pg-peers need it" in done.stderr and "--only" in done.stderr)
+                "pg-steps, pg-peers, pg-http-submit need it" in done.stderr)
+        assert "--only" in done.stderr
         assert "hidden" not in done.stderr and done.stdout == ""
         assert list(folder.iterdir()) == []
     finally:

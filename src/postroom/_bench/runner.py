@@ -18,6 +18,7 @@ from postroom._bench.scenarios import (
     claim_backlog,
     commit_cost,
     end_to_end,
+    http_submit,
     peers,
     postgres,
     runtime,
@@ -61,6 +62,8 @@ SCENARIOS: dict[str, Scenario] = {
     "pg-steps": Scenario(steps.run, "postgres"),
     "peers": Scenario(peers.run_sqlite_peers),
     "pg-peers": Scenario(peers.run_pg_peers, "postgres"),
+    "http-submit": Scenario(http_submit.run),
+    "pg-http-submit": Scenario(http_submit.run, "postgres"),
 }
 
 
@@ -138,6 +141,12 @@ def bars_for(rows: Sequence[Measurement]) -> list[Bar]:
                         required=10.0, basis="value", kind="maximum",
                         text="PostgreSQL enqueue-to-start latency of an idle worker, p50 "
                              "<= 10 ms"))
+    for key, what in (("sqlite", "SQLite"), ("postgres", "PostgreSQL")):
+        if {f"http.{key}.submit", f"http.{key}.receive"} <= ids:
+            bars.append(Bar(id=f"http_submit_{key}", numerator=f"http.{key}.submit",
+                            denominator=f"http.{key}.receive", required=0.5,
+                            text=f"{what}: `POST /v1/tasks` over HTTP (one client, keep-alive) "
+                                 ">= 0.5x `receive` in process, one at a time"))
     return bars + _runtime_bars(ids) + peers.peer_bars(ids) + peers.best_pg_peer_bar(rows)
 
 

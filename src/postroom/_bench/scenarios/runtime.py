@@ -64,7 +64,8 @@ _DAY = 86_400.0
 #: worker says when it started, which is how the bench knows it is ready.
 _LAUNCH = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stderr); "
            "from postroom.cli import main; main(sys.argv[1:], prog_name='postroom')")
-_READY = {"worker": b"worker started", "dispatch": b'"dispatching"'}
+_READY = {"worker": b"worker started", "dispatch": b'"dispatching"',
+          "serve": b"Uvicorn running on"}
 #: How long the bench waits for a process to be ready, or for a round to end.
 _PATIENCE = 600.0
 _LOOK_EVERY = 0.02

@@ -1,0 +1,121 @@
+"""Submit over HTTP against ``receive`` in process, one task at a time, on one backend.
+
+In process: ``store.receive`` in a loop, one message and one commit each. Over HTTP: one
+client (httpx, one keep-alive connection) posting ``POST /v1/tasks`` to a ``postroom serve``
+process started with its defaults, as a client on another host would; each answer must be
+202 before the next request is sent. Both run in databases of their own, ``sizes.http_tasks``
+tasks per round, after an untimed warm-up; each round's ratio is to the raw loop around it,
+and the bar divides the two ratios (the issue's bar: HTTP >= 0.5x in process). Afterwards
+each database must hold exactly the tasks sent and audit clean.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+
+import postroom
+from postroom._bench.context import BenchError, Context, Measurement, require_clean_audit
+from postroom._bench.scenarios import runtime
+
+__all__ = ["run"]
+
+_AUTH = postroom.AuthContext(principal="bench")
+_DAY = 86_400.0
+
+
+class _Sent:
+    """Message ids for one database: a new range per round."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def next_ids(self, tasks: int) -> range:
+        first = self.count
+        self.count += tasks
+        return range(first, first + tasks)
+
+
+def _in_process(store: postroom.Store, sent: _Sent, tasks: int) -> Callable[[], int]:
+    def round_() -> int:
+        deadline = time.time() + _DAY
+        for n in sent.next_ids(tasks):
+            store.receive(_AUTH, postroom.Envelope(message_id=f"m-{n}", sender="bench",
+                                                   payload={"n": n}, deadline=deadline))
+        return tasks
+    return round_
+
+
+def _over_http(client: object, sent: _Sent, tasks: int) -> Callable[[], int]:
+    import httpx
+
+    assert isinstance(client, httpx.Client)
+
+    def round_() -> int:
+        deadline = time.time() + _DAY
+        for n in sent.next_ids(tasks):
+            answer = client.post("/v1/tasks", json={
+                "message_id": f"m-{n}", "payload": {"n": n}, "deadline": deadline})
+            if answer.status_code != 202:
+                raise BenchError(f"POST /v1/tasks answered {answer.status_code}: "
+                                 f"{answer.text[:300]}")
+        return tasks
+    return round_
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _check(store: postroom.Store, sent: _Sent, what: str) -> None:
+    require_clean_audit(store._db)
+    stored = sum(store.info()["tasks"].values())
+    if stored != sent.count:
+        raise BenchError(f"{what}: {sent.count} tasks sent, {stored} stored")
+
+
+def run(ctx: Context) -> list[Measurement]:
+    """Tasks/s of one-at-a-time ``receive`` in process and of ``POST /v1/tasks``."""
+    try:
+        import httpx
+    except ImportError as exc:  # the server extra brings httpx's peers; the bench extra both
+        raise BenchError("the http-submit scenarios need the server extra: "
+                         "pip install 'postroom[server]'") from exc
+    backend, tasks = ctx.target.backend, ctx.sizes.http_tasks
+    ctx.progress(f"http: {tasks} tasks per round, one at a time, in process and over HTTP "
+                 f"({backend})")
+    with postroom.open_store(ctx.target.url("http-local")) as store:
+        sent = _Sent()
+        local = _in_process(store, sent, tasks)
+        local()  # warm-up: the statements, the file's pages
+        local_rounds = ctx.timed_rounds(local)
+        _check(store, sent, "in process")
+
+    url = ctx.target.url("http-served")
+    with postroom.open_store(url) as store:
+        token = store.add_principal("bench", "agent").token
+    port = _free_port()
+    with runtime._children() as children:
+        children.start("serve", url, "--port", str(port))
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30.0,
+                          headers={"authorization": f"Bearer {token}"}) as client:
+            sent = _Sent()
+            remote = _over_http(client, sent, tasks)
+            remote()  # warm-up: the connection, the server's statements
+            remote_rounds = ctx.timed_rounds(remote)
+    with postroom.open_store(url) as store:
+        _check(store, sent, "over HTTP")
+
+    details = {"tasks_per_round": tasks, "client": "httpx, one keep-alive connection",
+               "server": "postroom serve, defaults"}
+    return [
+        Measurement(id=f"http.{backend}.receive", backend=backend, unit="tasks/s",
+                    label="`receive` in process, one at a time", rounds=local_rounds,
+                    details=details),
+        Measurement(id=f"http.{backend}.submit", backend=backend, unit="tasks/s",
+                    label="`POST /v1/tasks` to `postroom serve`, one at a time",
+                    rounds=remote_rounds, details=details),
+    ]
