@@ -303,7 +303,7 @@ def inspect(url: str, task_id: str, as_json: bool) -> None:
     for effect in story.side_effects:
         click.echo(f"side effect {effect.number}  {effect.action} on {effect.resource}  data "
                    f"{effect.data_digest[:12]}…  approval {effect.approval_id} (use "
-                   f"{effect.use_number})  granted by {effect.granted_by or '-'} "
+                   f"{effect.use_number})  granted by {effect.granted_by or '-'} at "
                    f"{_when(effect.granted_at)}  consumed {_when(effect.created_at)}")
     _attempts("attempts", story.attempts)
     reply = story.reply
