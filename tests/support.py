@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import postroom
 from postroom.db import Database, Tx
+from postroom.db.database import Write
 
 #: The manual clock's starting time in every test.
 START = 1_000_000.0
@@ -60,3 +63,41 @@ def stored(store: postroom.Store) -> dict[str, list[dict[str, object]]]:
                 for table in ("tasks", "replies", "postroom_clock")}
 
     return database_of(store).read(read)
+
+
+@dataclass(frozen=True)
+class ApprovedChild:
+    """What ``approved_child`` made: a root, its follow-up, and the approval the follow-up's
+    side effect used."""
+
+    root: str
+    child: str
+    approval: postroom.Approval
+
+
+def approved_child(store: postroom.Store, now: float, queue: str = "chained") -> ApprovedChild:
+    """A root (its chain lowered to 3 hops, 5 tasks, 10 cost units) that charges 2 units and
+    spawns a follow-up, which commits a refund under alice's approval ``refund-17``."""
+    root = store.receive(postroom.AuthContext(principal="planner"), envelope(
+        "chain-root", queue=queue, deadline=now + 3600,
+        budget=postroom.Budget(hops=3, tasks=5, cost=10))).task_id
+    claim = store.claim("worker-r", queues=queue)
+    assert claim is not None and claim.task_id == root
+    store.finish(claim, "spawned", charge=2, follow_ups=[postroom.FollowUp(
+        message_id="refund", payload={"customer": 17})])
+    approval = store.grant_approval(
+        postroom.AuthContext(principal="alice", role="human"), "refund-17", action="refund",
+        resource="customer:17", data={"amount": 40}, expires_at=now + 3600,
+        requested_by="planner")
+    claim = store.claim("worker-c", queues=queue)
+    assert claim is not None and store.task(claim.task_id).parent_task_id == root
+    store.finish(claim, "refunded", side_effects=[postroom.SideEffect(
+        action="refund", resource="customer:17", data={"amount": 40})])
+    return ApprovedChild(root=root, child=claim.task_id, approval=approval)
+
+
+def drop_chain_row(store: postroom.Store, root_task_id: str) -> None:
+    """Delete a chain's row, as a chain older than its row would be (``postroom audit``
+    reports it): its tasks' stories then have no chain."""
+    database_of(store).write(Write("corrupt"), lambda tx: tx.execute(
+        "DELETE FROM chains WHERE root_task_id = :root", {"root": root_task_id}))

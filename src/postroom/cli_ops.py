@@ -31,7 +31,7 @@ from postroom import models
 from postroom.errors import Conflict, Fenced
 
 if TYPE_CHECKING:
-    from postroom.models import Page, Reply, Retry, Task, Wait
+    from postroom.models import Chain, Page, Reply, Retry, Task, Wait
     from postroom.store import Store
 
 __all__ = ["COMMANDS"]
@@ -273,9 +273,11 @@ def _reply_row(item: Reply) -> list[object]:
 @click.argument("task_id")
 @_JSON
 def inspect(url: str, task_id: str, as_json: bool) -> None:
-    """Show a task's whole durable story: its identity, each attempt (owner, fence, start,
-    end, outcome, error), its reply and every delivery attempt, the requeues of that reply,
-    the waits it opened and the operators' re-runs of it."""
+    """Show a task's whole durable story: its identity, its chain (root, parent, hops, the
+    budgets and what was spent), each side effect it committed with the approval it used
+    (who granted it, when it was consumed), each attempt (owner, fence, start, end, outcome,
+    error), its reply and every delivery attempt, the requeues of that reply, the waits it
+    opened and the operators' re-runs of it."""
     with _open(url) as store:
         story = store.story(task_id)
         retries = store.retries(task_id)
@@ -296,6 +298,13 @@ def inspect(url: str, task_id: str, as_json: bool) -> None:
     if task.last_error:
         click.echo(f"  last error: {task.last_error}")
     click.echo(f"  payload {json.dumps(task.payload)}")
+    if story.chain is not None:
+        _chain(task, story.chain)
+    for effect in story.side_effects:
+        click.echo(f"side effect {effect.number}  {effect.action} on {effect.resource}  data "
+                   f"{effect.data_digest[:12]}…  approval {effect.approval_id} (use "
+                   f"{effect.use_number})  granted by {effect.granted_by or '-'} at "
+                   f"{_when(effect.granted_at)}  consumed {_when(effect.created_at)}")
     _attempts("attempts", story.attempts)
     reply = story.reply
     if reply is None:
@@ -316,6 +325,17 @@ def inspect(url: str, task_id: str, as_json: bool) -> None:
     for retry in retries:
         click.echo(f"re-run {retry.number} {_when(retry.retried_at)} by {retry.operator}: "
                    f"{retry.reason} -> {retry.new_task_id}")
+
+
+def _chain(task: Task, chain: Chain) -> None:
+    root = chain.root_task_id
+    click.echo(f"chain {root}{'  (this task is its root)' if root == task.task_id else ''}")
+    cost = (f"cost {chain.cost} (no cost budget)" if chain.max_cost is None
+            else f"cost {chain.cost}/{chain.max_cost}")
+    click.echo(f"  parent {task.parent_task_id or '-'}  hops {task.hops} of max "
+               f"{chain.max_hops}  tasks {chain.tasks}/{chain.max_tasks}  {cost}")
+    if chain.cancelled_at is not None:
+        click.echo(f"  cancelled {_when(chain.cancelled_at)}: {chain.cancel_reason}")
 
 
 def _attempts(title: str, attempts: Sequence[Any]) -> None:

@@ -191,24 +191,34 @@ class AskedApproval:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CommittedEffect:
     """A side effect as committed with its task's finish: the record the external effect is
-    performed from, with the approval use it consumed."""
+    performed from, with the approval use it consumed and who granted that approval.
+
+    ``granted_by`` and ``granted_at`` are ``None`` only if the approval's record is missing
+    (approvals are never pruned; ``postroom audit`` reports such an effect).
+    """
 
     task_id: str
     number: int  # its place among the task's side effects, from 1
     action: str
     resource: str
     data: Any
+    data_digest: str  # SHA-256 of the canonical JSON of ``data``
     approval_id: str
     use_number: int  # which use of the approval it was, from 1
-    created_at: float
+    created_at: float  # when it committed, consuming the use
+    granted_by: str | None = None  # the human principal that granted the approval
+    granted_at: float | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> CommittedEffect:
-        """Build from a ``side_effects`` row."""
+        """Build from a ``side_effects`` row joined with its approval's ``granted_by`` and
+        ``granted_at``."""
         return cls(task_id=row["task_id"], number=int(row["number"]), action=row["action"],
                    resource=row["resource"], data=json.loads(row["data"]),
-                   approval_id=row["approval_id"], use_number=int(row["use_number"]),
-                   created_at=float(row["created_at"]))
+                   data_digest=row["data_digest"], approval_id=row["approval_id"],
+                   use_number=int(row["use_number"]), created_at=float(row["created_at"]),
+                   granted_by=row["granted_by"],
+                   granted_at=None if row["granted_at"] is None else float(row["granted_at"]))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

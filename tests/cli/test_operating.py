@@ -11,6 +11,7 @@ import json
 import signal
 import time
 from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
 
 import click
 import pytest
@@ -21,7 +22,7 @@ from postroom import Outcome, ReplyState, TaskState, faults
 from postroom.cli import main
 from tests.harness import children
 from tests.harness.children import python
-from tests.support import envelope
+from tests.support import approved_child, drop_chain_row, envelope
 
 
 def cli(*args: str) -> Result:
@@ -36,6 +37,11 @@ def cli(*args: str) -> Result:
 def shown(result: Result) -> object:
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
+
+
+def utc(seconds: float) -> str:
+    """A time as the commands show it to people: UTC, to the second."""
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def far(message_id: str, **fields: object) -> postroom.Envelope:
@@ -203,6 +209,47 @@ def test_inspect_lists_the_re_runs_of_a_task(db_url, live, auth):
     assert story["attempts"][0]["error"] == "boom"
     told = cli("inspect", db_url, task_id).stdout
     assert f"-> {made.new_task_id}" in told and "boom" in told and "fence 1" in told
+
+
+def test_inspect_json_tells_the_chain_and_the_approval_a_side_effect_used(db_url, live):
+    made = approved_child(live, time.time())
+    story = shown(cli("inspect", db_url, made.child, "--json"))
+    assert (story["task"]["parent_task_id"], story["task"]["hops"]) == (made.root, 1)
+    chain = story["chain"]
+    assert (chain["root_task_id"], chain["max_hops"], chain["tasks"], chain["max_tasks"],
+            chain["cost"], chain["max_cost"]) == (made.root, 3, 2, 5, 2, 10)
+    (effect,) = story["side_effects"]
+    assert (effect["action"], effect["resource"], effect["data_digest"], effect["approval_id"],
+            effect["use_number"], effect["granted_by"], effect["granted_at"]) == (
+        "refund", "customer:17", made.approval.data_digest, "refund-17", 1, "alice",
+        made.approval.granted_at)
+
+
+def test_inspect_tells_the_chain_and_the_approval_a_side_effect_used(db_url, live):
+    made = approved_child(live, time.time())
+    (effect,) = live.side_effects(made.child)
+    told = cli("inspect", db_url, made.child).stdout
+    assert f"chain {made.root}\n" in told
+    assert f"  parent {made.root}  hops 1 of max 3  tasks 2/5  cost 2/10\n" in told
+    assert (f"side effect 1  refund on customer:17  data {made.approval.data_digest[:12]}…  "
+            f"approval refund-17 (use 1)  granted by alice at "
+            f"{utc(made.approval.granted_at)}  consumed {utc(effect.created_at)}") in told
+
+
+def test_inspect_tells_a_root_is_its_own_chains_root(db_url, live, auth):
+    task_id = live.receive(auth, far("alone")).task_id
+    told = cli("inspect", db_url, task_id).stdout
+    assert f"chain {task_id}  (this task is its root)\n" in told
+    assert "  parent -  hops 0 of max 4  tasks 1/1000  cost 0 (no cost budget)\n" in told
+    assert "side effect" not in told
+
+
+def test_inspect_of_a_task_without_a_chain_has_no_chain_section(db_url, live, auth):
+    task_id = live.receive(auth, far("alone")).task_id
+    drop_chain_row(live, task_id)
+    assert shown(cli("inspect", db_url, task_id, "--json"))["chain"] is None
+    told = cli("inspect", db_url, task_id).stdout
+    assert "\nchain " not in told and "budget" not in told
 
 
 def test_inspect_of_no_such_task_cannot_run(db_url, live):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import httpx
 import pytest
@@ -13,7 +14,7 @@ import pytest
 import postroom
 from postroom.http.dashboard import COOKIE, Chart, chart
 from tests.http.site import Site, ask_alice, site
-from tests.support import START, envelope
+from tests.support import START, approved_child, drop_chain_row, envelope
 
 
 @pytest.fixture
@@ -45,6 +46,11 @@ def csrf(html: str) -> str:
     found = re.search(r'name="csrf" value="([0-9a-f]+)"', html)
     assert found is not None, "the page has no form"
     return found.group(1)
+
+
+def when(seconds: float) -> str:
+    """A time as the pages show it."""
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def cell(html: str, queue: str, stage: str) -> str:
@@ -120,6 +126,56 @@ def test_a_task_page_tells_the_whole_durable_story(served):
 def test_a_task_page_shows_its_waits(served):
     html = logged_in(served, "ops").get(served.page(f"/tasks/{served.waiting}")).text
     assert re.search(r'<table id="waits">.*?refund-17 / approval.*?alice', html, re.S)
+
+
+def test_a_task_page_shows_its_chain_with_links_to_its_root_and_parent(served, store):
+    made = approved_child(store, START)
+    html = logged_in(served, "ops").get(served.page(f"/tasks/{made.child}")).text
+    chain = re.search(r'<table id="chain">(.*?)</table>', html, re.S)
+    assert chain is not None, "no chain section"
+    link = f'<a href="/dashboard/tasks/{made.root}">{made.root}</a>'
+    assert f"<tr><th>root</th><td>{link}</td></tr>" in chain.group(1)
+    assert f"<tr><th>parent</th><td>{link}</td></tr>" in chain.group(1)
+    assert re.findall(r"<tr><th>(hops|tasks|cost)</th><td>([^<]*)</td>", chain.group(1)) == [
+        ("hops", "1 of 3"), ("tasks", "2 of 5"), ("cost", "2 of 10")]
+
+
+def test_a_task_page_shows_the_approval_its_side_effect_used(served, store):
+    made = approved_child(store, START)
+    html = logged_in(served, "ops").get(served.page(f"/tasks/{made.child}")).text
+    effects = re.search(r'<table id="side-effects">.*?<tbody>(.*?)</tbody>', html, re.S)
+    assert effects is not None, "no side effects section"
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", effects.group(1), re.S)
+    digest = made.approval.data_digest
+    assert cells == ["1", "refund", "customer:17",
+                     f'<code title="{digest}">{digest[:12]}…</code>', "refund-17 (1)",
+                     f"alice at {when(made.approval.granted_at)}", when(START)]
+
+
+def test_a_task_page_escapes_what_its_side_effect_names(served, store):
+    store.receive(postroom.AuthContext(principal="planner"), envelope("x", queue="xss"))
+    store.grant_approval(postroom.AuthContext(principal="alice", role="human"), "<b>a</b>",
+                         action="<i>send</i>", resource="<script>", data=1,
+                         expires_at=START + 60, requested_by="planner")
+    claim = store.claim("w", queues="xss")
+    store.finish(claim, None, side_effects=[postroom.SideEffect(
+        action="<i>send</i>", resource="<script>", data=1)])
+    html = logged_in(served, "ops").get(served.page(f"/tasks/{claim.task_id}")).text
+    assert "&lt;i&gt;send&lt;/i&gt;" in html and "&lt;b&gt;a&lt;/b&gt; (1)" in html
+    assert "<script>" not in html and "<i>send" not in html
+
+
+def test_a_task_page_of_a_task_without_a_chain_has_no_chain_section(served, store):
+    drop_chain_row(store, served.done)
+    html = logged_in(served, "ops").get(served.page(f"/tasks/{served.done}")).text
+    assert 'id="chain"' not in html and 'id="task"' in html
+
+
+def test_a_task_page_of_a_root_names_itself_its_chains_root(served):
+    html = logged_in(served, "ops").get(served.page(f"/tasks/{served.done}")).text
+    assert "<tr><th>root</th><td>this task</td></tr>" in html
+    assert "<tr><th>parent</th><td>none</td></tr>" in html
+    assert re.search(r'<table id="side-effects">.*?<td colspan="7">none</td>', html, re.S)
 
 
 def test_an_agent_reads_its_own_task_and_another_s_is_a_plain_404(served, store):

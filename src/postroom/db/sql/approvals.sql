@@ -51,12 +51,17 @@ VALUES (:task_id, :number, :action, :resource, :data, :data_digest, :approval_id
         :use_number, :now)
 
 -- name: side_effects_of
--- The side effects a task committed, in order.
-SELECT * FROM side_effects WHERE task_id = :task_id ORDER BY number
+-- The side effects a task committed, in order, with who granted the approval each used (an
+-- outer join: an effect whose approval is missing still shows, for the audit to report).
+SELECT side_effects.*, approvals.granted_by, approvals.granted_at FROM side_effects
+LEFT JOIN approvals ON approvals.approval_id = side_effects.approval_id
+WHERE side_effects.task_id = :task_id ORDER BY side_effects.number
 
 -- name: side_effects_by_approval
--- The side effects that used an approval, in order of use.
-SELECT * FROM side_effects WHERE approval_id = :approval_id ORDER BY use_number
+-- The side effects that used an approval, in order of use (as ``side_effects_of``).
+SELECT side_effects.*, approvals.granted_by, approvals.granted_at FROM side_effects
+LEFT JOIN approvals ON approvals.approval_id = side_effects.approval_id
+WHERE side_effects.approval_id = :approval_id ORDER BY side_effects.use_number
 
 -- name: approval_request_insert
 -- A task's request for an approval, with the wait generation it opened.
