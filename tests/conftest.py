@@ -11,6 +11,8 @@ set; under ``CI=true`` an unreachable server fails them.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,12 +24,40 @@ from tests import pg
 from tests.support import SETTINGS, START
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest's own tmp_path factory reads the option
+def pytest_configure(config: pytest.Config) -> None:
+    # The tests' SQLite files (tmp_path) go to a memory file system when there is one: a
+    # commit's fsync then costs nothing, which takes a third off the SQLite tests' time.
+    # Crash tests kill processes, not the machine, so what they show holds on any file
+    # system; the benchmarks, which measure fsync, put their files on disk themselves.
+    if hasattr(config, "workerinput") or config.option.basetemp is not None:
+        return  # an xdist worker is handed its folder by the controller
+    if os.environ.get("POSTROOM_TEST_TMP") == "disk" or not _memory_folder_usable():
+        return
+    folder = tempfile.mkdtemp(prefix="postroom-tests-", dir=MEMORY_FOLDER)
+    config.option.basetemp = folder
+    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+
+
+def _memory_folder_usable() -> bool:
+    try:
+        return os.statvfs(MEMORY_FOLDER).f_bavail * os.statvfs(MEMORY_FOLDER).f_frsize \
+            > 2 * 1024**3 and os.access(MEMORY_FOLDER, os.W_OK)
+    except OSError:
+        return False
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     # Once per run, before any worker starts: what earlier runs left dead in the catalogs of
     # the tests' database (see tests/pg.py) is cleared, so the run starts at full speed.
     if not hasattr(session.config, "workerinput") and "postgres" in backends() \
             and pg.problem() is None:
         pg.vacuum_catalogs()
+
+
+#: Where the tests' temporary files go when it exists with room to spare (a tmpfs on Linux);
+#: ``POSTROOM_TEST_TMP=disk`` keeps them in the system's temporary folder instead.
+MEMORY_FOLDER = "/dev/shm"
 
 
 def backends() -> list[str]:
