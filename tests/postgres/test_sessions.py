@@ -118,18 +118,22 @@ def crash(cluster: pg.Cluster, kind: str) -> None:
     if kind == "restart":
         cluster.restart("immediate")
         return
+    life = "SELECT CAST(pg_stat_get_bgwriter_stat_reset_time() AS TEXT)"  # reset by a crash
     with psycopg.connect(cluster.url, autocommit=True) as victim:
-        pid = victim.info.backend_pid
-        os.kill(pid, signal.SIGKILL)
+        before = victim.execute(life).fetchone()
+        os.kill(victim.info.backend_pid, signal.SIGKILL)
     deadline = time.monotonic() + 30
     while True:  # until recovery is over and a new session sees a new server life
         try:
             with psycopg.connect(cluster.url, autocommit=True, connect_timeout=2) as probe:
-                probe.execute("SELECT 1")
-                return
+                # (A session that opens before the postmaster has heard of the kill still
+                # sees the old life: the crash has not happened yet, so look again.)
+                if probe.execute(life).fetchone() != before:
+                    return
         except psycopg.Error:
-            assert time.monotonic() < deadline, "the server did not come back"
-            time.sleep(0.1)
+            pass
+        assert time.monotonic() < deadline, "the server did not come back"
+        time.sleep(0.1)
 
 
 @pytest.mark.parametrize("kind", ["restart", "backend"])
