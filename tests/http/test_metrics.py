@@ -7,6 +7,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 import postroom
+from postroom.http.app import build_app
 from postroom.http.metrics import CONTENT_TYPE, MetricsApp, SubmissionCounters, registry_for
 from tests.conformance.test_status import REFUSED
 from tests.http.servers import serve
@@ -147,3 +148,28 @@ def test_submission_counters_are_this_processs_own(store):
 def test_only_get_reads_the_metrics(store):
     with serve(MetricsApp(registry_for(store))) as url:
         assert httpx.post(f"{url}/metrics").status_code == 405
+
+
+def test_the_service_counts_the_duplicates_and_conflicts_it_answered(store):
+    token = store.add_principal("planner", "agent").token
+    deadline = START + 3600
+
+    def item(message_id: str, n: int) -> dict[str, object]:
+        return {"message_id": message_id, "payload": {"n": n}, "deadline": deadline}
+
+    with serve(build_app(store)) as url, httpx.Client(
+            base_url=url, headers={"authorization": f"Bearer {token}"}) as http:
+        assert http.post("/v1/tasks", json=item("a", 1)).status_code == 202
+        assert http.post("/v1/tasks", json=item("a", 1)).json()["duplicate"] is True
+        assert http.post("/v1/tasks", json=item("a", 2)).status_code == 409
+        batch = http.post("/v1/batches", json={"envelopes": [item("a", 1), item("b", 1)]})
+        assert [ack["duplicate"] for ack in batch.json()["acks"]] == [True, False]
+        refused = http.post("/v1/batches", json={"envelopes": [item("b", 1), item("a", 9)]})
+        assert refused.status_code == 409
+        assert http.post("/v1/batches/atomic", json={
+            "envelopes": [item("c", 1), item("b", 2)]}).status_code == 409
+        samples = {sample.name: sample.value for family in text_string_to_metric_families(
+            http.get("/metrics").text) for sample in family.samples}
+    # duplicates: "a" again, "a" in the first batch, "b" before the refused item
+    assert samples["postroom_http_idempotency_duplicates_total"] == 3
+    assert samples["postroom_http_idempotency_conflicts_total"] == 3

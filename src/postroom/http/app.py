@@ -35,7 +35,15 @@ import postroom
 from postroom import Role, Store
 from postroom.http import api
 from postroom.http.problems import NOT_FOUND, Problem
-from postroom.http.routing import Guard, Limits, Route, endpoint, openapi, problem_response
+from postroom.http.routing import (
+    Guard,
+    Limits,
+    Observer,
+    Route,
+    endpoint,
+    openapi,
+    problem_response,
+)
 
 __all__ = ["ROUTES", "Limits", "build_app", "create_app", "serve"]
 
@@ -134,10 +142,12 @@ ROUTES: tuple[Route, ...] = (
 
 def create_app(store: Store, *, limits: Limits | None = None,
                extra_routes: Sequence[BaseRoute] = (),
-               routes: Sequence[Route] = ROUTES) -> Starlette:
+               routes: Sequence[Route] = ROUTES, observe: Observer | None = None) -> Starlette:
     """The ASGI app serving ``routes`` (the API) and ``extra_routes`` over ``store``.
 
-    The app does not close ``store``: its owner does, after the server stopped.
+    ``observe``, if given, is told of each answer a route gave and each postroom error it
+    refused with (on the event loop: keep it quick). The app does not close ``store``: its
+    owner does, after the server stopped.
     """
     limits = limits if limits is not None else Limits()
     document = openapi(routes, title="postroom", version=postroom.__version__)
@@ -152,7 +162,8 @@ def create_app(store: Store, *, limits: Limits | None = None,
         return problem_response(Problem(405, "method-not-allowed", "Method not allowed",
                                         f"{request.method} is not served here"))
 
-    served: list[BaseRoute] = [StarletteRoute(route.path, endpoint(route, store, limits),
+    served: list[BaseRoute] = [StarletteRoute(route.path, endpoint(route, store, limits,
+                                                                   observe),
                                               methods=[route.method], name=route.name)
                                for route in routes]
     served.append(StarletteRoute("/openapi.json", openapi_json, methods=["GET"],
@@ -170,8 +181,10 @@ def build_app(store: Store, *, limits: Limits | None = None) -> Starlette:
     """The app ``postroom serve`` runs: the API, plus whatever else the service mounts."""
     from postroom.http import dashboard, metrics
 
-    return create_app(store, limits=limits, extra_routes=[
-        *dashboard.routes(store), metrics.route(store)])
+    registry = metrics.registry_for(store)
+    counters = metrics.SubmissionCounters(registry)
+    return create_app(store, limits=limits, observe=counters.observe, extra_routes=[
+        *dashboard.routes(store), metrics.route(store, registry=registry)])
 
 
 def serve(store: Store, *, host: str = "127.0.0.1", port: int = 8000,

@@ -64,6 +64,9 @@ from prometheus_client.registry import Collector
 from starlette.routing import Route
 
 from postroom import AttemptOutcome, Observation, ReplyState, Store, TaskState
+from postroom.errors import BatchFailed, PayloadCollision, PostroomError
+from postroom.http.routing import Answer
+from postroom.http.routing import Route as ApiRoute
 
 __all__ = ["BUCKETS", "CONTENT_TYPE", "MetricsApp", "StoreCollector", "SubmissionCounters",
            "registry_for", "route"]
@@ -228,6 +231,30 @@ class SubmissionCounters:
         self.conflicts = PromCounter(
             "postroom_http_idempotency_conflicts", "Submissions refused as conflicting by this "
             "process", registry=registry)
+
+    def observe(self, route: ApiRoute, outcome: Answer | PostroomError) -> None:
+        """Count what a submission route answered (``create_app``'s ``observe``): each ACK
+        that is a duplicate (a failed batch's committed prefix included), and each refusal
+        for a collision."""
+        if route.name not in _SUBMISSIONS:
+            return
+        if isinstance(outcome, Answer):
+            body = outcome.body if isinstance(outcome.body, dict) else {}
+            acks = body.get("acks", [body])
+            duplicates = sum(1 for ack in acks if isinstance(ack, dict) and ack.get("duplicate"))
+        elif isinstance(outcome, BatchFailed):
+            duplicates = sum(1 for ack in outcome.acks if ack.duplicate)
+            outcome = outcome.error if isinstance(outcome.error, PostroomError) else outcome
+        else:
+            duplicates = 0
+        if duplicates:
+            self.duplicates.inc(duplicates)
+        if isinstance(outcome, PayloadCollision):
+            self.conflicts.inc()
+
+
+#: The routes whose answers ``SubmissionCounters`` counts.
+_SUBMISSIONS = frozenset({"submit", "submit_batch", "submit_atomic"})
 
 
 def registry_for(store: Store, *, window: float = 900.0,

@@ -40,7 +40,7 @@ from postroom.http import schemas
 from postroom.http.auth import Caller, authenticate
 from postroom.http.problems import CONTENT_TYPE, Problem, problem_for
 
-__all__ = ["Answer", "Call", "Guard", "Limits", "Route", "endpoint", "openapi"]
+__all__ = ["Answer", "Call", "Guard", "Limits", "Observer", "Route", "endpoint", "openapi"]
 
 _log = logging.getLogger("postroom.http")
 
@@ -223,7 +223,13 @@ def problem_response(problem: Problem) -> Response:
                     headers=problem.headers)
 
 
-def endpoint(route: Route, store: Store, limits: Limits) -> Callable[[Request], Any]:
+#: Told of each request a route served: the route, and its answer or the postroom error it
+#: was refused with (``create_app``'s ``observe``; the metrics count with it).
+Observer = Callable[[Route, "Answer | PostroomError"], None]
+
+
+def endpoint(route: Route, store: Store, limits: Limits,
+             observe: Observer | None = None) -> Callable[[Request], Any]:
     """The Starlette endpoint that serves ``route``."""
 
     async def serve(request: Request) -> Response:
@@ -232,7 +238,11 @@ def endpoint(route: Route, store: Store, limits: Limits) -> Callable[[Request], 
         except Problem as problem:
             return problem_response(problem)
         except PostroomError as exc:
+            if observe is not None:
+                observe(route, exc)
             return problem_response(problem_for(exc))
+        if observe is not None:
+            observe(route, answer)
         payload = json.dumps(answer.body, ensure_ascii=False, allow_nan=False)
         return Response(payload, status_code=answer.status, media_type="application/json",
                         headers=dict(answer.headers))
