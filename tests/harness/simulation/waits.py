@@ -35,19 +35,18 @@ from postroom.models import (
     OpenResult,
     ResumeResult,
     SignalResult,
-    TaskState,
     WaitState,
 )
 from postroom.transitions import reply_id_for
 from postroom.validation import canonical_json, task_id_for
 from postroom.waits import WaitAddress, follow_up_namespace
+from tests.harness.simulation.chains import admit, chain_of, state_of
 from tests.harness.simulation.checks import CHECKS, KEEPERS, Transition
 from tests.harness.simulation.operations import (
     OPERATIONS,
     Action,
     Operation,
     Step,
-    born_state,
 )
 from tests.harness.simulation.world import (
     PRINCIPALS,
@@ -651,11 +650,11 @@ def _check_follow_up(step: Step, task_id: str, parent: Row, effect: FollowUp) ->
     assert row is not None
     deadline = parent["deadline"] if effect.deadline is None else effect.deadline
     hops = parent["hops"] + 1
-    state = born_state(deadline, hops, step.now, step.world.settings.max_hops)
-    # Cancelling a chain's root cancels the chain: its later work is born cancelled.
-    chain = step.world.store.chain(task_id)
-    if chain.cancelled_at is not None:
-        state = TaskState.CANCELLED.value
+    # Born in its parent's chain: cancelled with it, or within its hop, task and cost budgets.
+    chain = chain_of(step.before, parent["task_id"])
+    step.expect(chain is not None, f"the parent {parent['task_id']} of {task_id} has no chain")
+    assert chain is not None
+    state = state_of(admit(dict(chain), deadline=deadline, hops=hops, now=step.now))
     queue = parent["queue"] if effect.queue is None else effect.queue
     found = (row["parent_task_id"], row["hops"], row["deadline"], row["queue"], row["state"])
     want = (parent["task_id"], hops, deadline, queue, state)
