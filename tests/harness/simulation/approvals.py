@@ -71,7 +71,7 @@ REFUSALS = {
 }
 
 #: The kinds of side effect ``use_approval`` declares, and how often.
-_KINDS = {"match_named": 4, "match_any": 3, "twice": 1, "action": 1, "resource": 1, "data": 1,
+_KINDS = {"match_named": 4, "match_any": 3, "twice": 2, "action": 1, "resource": 1, "data": 2,
           "expired": 1, "revoked": 1, "exhausted": 1, "unknown": 1, "missing": 1}
 
 
@@ -129,7 +129,7 @@ def plan_grant(world: World) -> Action:
         approval_id = f"approval-{world.counter}"
         action, resource = rng.choice(ACTIONS), rng.choice(RESOURCES)
         data = rng.choice(DATA)
-        max_uses = rng.choice((1, 1, 1, 2, 3))
+        max_uses = rng.choice((1, 1, 2, 3))
         expires_at = now + rng.choice((rng.uniform(5.0, 120.0), rng.uniform(120.0, 2000.0),
                                        rng.uniform(120.0, 2000.0), -rng.uniform(0.0, 10.0)))
         granter, requested_by = rng.choice(HUMANS), rng.choice(("planner", "scout"))
@@ -206,7 +206,7 @@ def plan_revoke(world: World) -> Action:
     roll = rng.random()
     if roll < 0.65:
         auth = AuthContext(principal=granter, role="human")
-    elif roll < 0.85:
+    elif roll < 0.8:
         auth = OPERATOR
     else:
         auth = AuthContext(principal=next(h for h in HUMANS if h != granter), role="human")
@@ -313,11 +313,16 @@ def _effects_for(world: World, kind: str) -> list[SideEffect]:
     rows = _approvals(world.last)
     fits: dict[str, Callable[[Row], bool]] = {
         "match_named": lambda r: _usable(r, now), "match_any": lambda r: _usable(r, now),
-        "twice": lambda r: _usable(r, now), "expired": lambda r: bool(r["expires_at"] <= now),
+        "twice": lambda r: _usable(r, now) and r["max_uses"] - r["uses"] >= 2,
+        "expired": lambda r: bool(r["expires_at"] <= now),
         "revoked": lambda r: r["revoked_at"] is not None,
         "exhausted": lambda r: bool(r["uses"] >= r["max_uses"]),
     }
     chosen = sorted(key for key, row in rows.items() if fits.get(kind, bool)(row))
+    if not chosen and kind not in ("unknown", "missing"):
+        # None fits: use a usable one if there is one (the model decides either way).
+        chosen = sorted(key for key, row in rows.items() if _usable(row, now)) or sorted(rows)
+        kind = "match_named"
     if not chosen or kind in ("unknown", "missing"):
         named = "approval-never-granted" if kind == "unknown" else None
         return [SideEffect(action=rng.choice(ACTIONS), resource=rng.choice(RESOURCES),
@@ -344,8 +349,8 @@ def plan_use(world: World) -> Action | None:
         return None
     kind = rng.choices(list(_KINDS), list(_KINDS.values()))[0]
     effects = _effects_for(world, kind)
-    if rng.random() < 0.15:
-        effects += _effects_for(world, rng.choice(("match_any", "match_named", "missing")))
+    if rng.random() < 0.25:
+        effects += _effects_for(world, rng.choice(("match_any", "match_named")))
     return lambda step: _use(step, claim, effects)
 
 
