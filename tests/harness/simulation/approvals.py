@@ -400,7 +400,7 @@ def _check_uses(step: Step, task_id: str, effects: list[SideEffect],
     reply = after.replies.get(reply_id_for(task_id))
     step.expect(row["state"] == TaskState.DONE and reply is not None
                 and reply["status"] == "done",
-                f"task {task_id} finished with side effects is {row['state']}, reply {reply}")
+                f"task {task_id} finished with side effects is {row['state']} with reply {reply}")
     uses = {key: dict(row) for key, row in _approvals(before).items()}
     for approval_id, number in taken:
         uses[approval_id]["uses"] = number
