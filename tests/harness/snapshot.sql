@@ -109,3 +109,25 @@ ORDER BY wait_effects.flow, wait_effects.step, wait_effects.generation
 SELECT name, cron, zone, queue, payload, priority, max_attempts, ttl, missed, paused,
        last_period, last_key, last_task_id, next_at, created_at
 FROM schedules ORDER BY name
+
+-- name: snapshot_chains
+-- Every chain: its budgets and what it has spent.
+SELECT root_task_id, principal, max_hops, max_tasks, max_cost, tasks, cost, cancelled_at,
+       created_at
+FROM chains
+
+-- name: snapshot_approvals
+-- Every human approval, its terms (data by its canonical JSON and digest) and uses.
+SELECT approval_id, action, resource, data, data_digest, max_uses, uses, expires_at,
+       granted_by, requested_by, granted_at, fingerprint, revoked_at, revoked_by,
+       revoke_reason
+FROM approvals
+
+-- name: snapshot_approval_events
+-- Every durable event of an approval: granted, each use, revoked.
+SELECT approval_id, kind, number, principal, task_id, at FROM approval_events
+
+-- name: snapshot_side_effects
+-- Every side effect committed with a finish, with the approval use it consumed.
+SELECT task_id, number, action, resource, data_digest, approval_id, use_number, created_at
+FROM side_effects

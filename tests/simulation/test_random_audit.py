@@ -57,9 +57,11 @@ def first_violation(make_url, ops: int = 300):
 def test_a_rule_that_skips_writing_the_reply_is_reported(make_url, monkeypatch):
     monkeypatch.setattr(tasks, "after", lambda tx, settings, row, decision: None)
     violation = first_violation(make_url)
-    # Both the operation's own expectation and the SPEC §8 snapshot audit name it.
-    assert any("with reply None" in problem for problem in violation.problems)
+    # The SPEC §8 snapshot audit names it, and so does a finishing operation's expectation
+    # (a claim's sweep that fails a task on its last lease may meet it first).
     assert any("terminal_task_without_reply" in problem for problem in violation.problems)
+    if violation.operation not in ("claim", "claim_batch", "sweep"):
+        assert any("with reply None" in problem for problem in violation.problems)
     assert violation.to_dict()["reproduce"] == (
         f"postroom random-audit --seeds 1 --first-seed {violation.seed} "
         f"--ops {violation.step + 1} --rounds 0 --wait-rounds 0")
@@ -110,7 +112,9 @@ def test_a_claim_that_takes_no_slot_of_a_limited_queue_is_reported(make_url, mon
     rewrite_query(monkeypatch, "queue_controls",
                   "(SELECT running FROM queue_limits WHERE", "(SELECT NULL FROM queue_limits WHERE")
     violation = first_violation(make_url)
-    assert any("holds no slot" in problem for problem in violation.problems)
+    # A claim past the limit takes a slot it does not have, or more than the free ones.
+    assert any("holds no slot" in problem or "limited)" in problem
+               for problem in violation.problems)
 
 
 def test_a_claim_that_ignores_a_pause_is_reported(make_url, monkeypatch):

@@ -13,7 +13,10 @@
 - ``scheduling`` paused and limited queues and re-runs, registered into the tables;
 - ``wait_rounds`` real processes racing on a few contested waits, exactly one winner each
                  (``wait_burst`` is the process);
-- ``schedules``  the periodic schedules' operations and checks, registered into the tables.
+- ``schedules``  the periodic schedules' operations and checks, registered into the tables;
+- ``chains``     roots with small budgets and spawns that exhaust them, registered likewise;
+- ``approvals``  grants, revocations, expiries and side effects that use (or cannot use) a
+                 human's approval, registered likewise.
 
 A component that adds records and rules (waits, approvals) extends the three tables:
 ``SNAPSHOT_TABLES``, ``OPERATIONS`` and ``CHECKS``.
@@ -32,8 +35,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Importing them registers waits, flow control and schedules in the tables.
-from tests.harness.simulation import schedules, scheduling, waits  # noqa: F401
+# Importing them registers waits, flow control, schedules, chains and approvals in the tables.
+from tests.harness.simulation import (  # noqa: F401
+    approvals,
+    chains,
+    schedules,
+    scheduling,
+    waits,
+)
 from tests.harness.simulation.rounds import RoundsResult, run_rounds
 from tests.harness.simulation.runner import SeedResult, Violation, run_seed
 from tests.harness.simulation.wait_rounds import WaitRoundsResult, run_wait_rounds

@@ -58,7 +58,8 @@ from tests.harness.simulation.world import (
 )
 from tests.support import database_of
 
-__all__ = ["OPERATIONS", "Action", "Broken", "Operation", "Step", "born_state", "pick_task"]
+__all__ = ["OPERATIONS", "Action", "Broken", "Operation", "Step", "born_state", "is_current",
+           "pick_claim", "pick_task", "receive_one"]
 
 
 class Broken(Exception):
@@ -157,7 +158,7 @@ def _stored_fingerprint(step: Step, task_id: str) -> str | None:
     return None if row is None else str(row["fingerprint"])
 
 
-def _receive_one(step: Step, auth: AuthContext, envelope: Envelope,
+def receive_one(step: Step, auth: AuthContext, envelope: Envelope,
                  position: Position | None = None) -> str:
     task_id = task_id_for(auth.principal, envelope.message_id)
     stored = _stored_fingerprint(step, task_id)
@@ -196,7 +197,7 @@ def _variant(world: World, envelope: Envelope) -> Envelope:
 def plan_receive(world: World) -> Action:
     """A new message."""
     auth, envelope = world.new_envelope()
-    return lambda step: _receive_one(step, auth, envelope)
+    return lambda step: receive_one(step, auth, envelope)
 
 
 def plan_receive_duplicate(world: World) -> Action | None:
@@ -205,7 +206,7 @@ def plan_receive_duplicate(world: World) -> Action | None:
     if picked is None:
         return None
     auth, envelope = picked
-    return lambda step: _receive_one(step, auth, envelope)
+    return lambda step: receive_one(step, auth, envelope)
 
 
 def plan_receive_collision(world: World) -> Action | None:
@@ -215,21 +216,21 @@ def plan_receive_collision(world: World) -> Action | None:
         return None
     auth, envelope = picked
     changed = _variant(world, envelope)
-    return lambda step: _receive_one(step, auth, changed)
+    return lambda step: receive_one(step, auth, changed)
 
 
 def plan_receive_expired(world: World) -> Action:
     """A message whose deadline passed before it arrived."""
     auth, envelope = world.new_envelope(
         deadline=world.clock.now() - world.rng.uniform(0.0, 100.0))
-    return lambda step: _receive_one(step, auth, envelope)
+    return lambda step: receive_one(step, auth, envelope)
 
 
 def plan_receive_hop_limited(world: World) -> Action:
     """A message that arrives with hops at or over the store's limit."""
     hops = world.settings.max_hops + world.rng.randint(0, 3)
     auth, envelope = world.new_envelope(hops=hops)
-    return lambda step: _receive_one(step, auth, envelope)
+    return lambda step: receive_one(step, auth, envelope)
 
 
 def _batch_items(world: World) -> tuple[AuthContext, list[Envelope]]:
@@ -338,7 +339,7 @@ def plan_receive_positioned(world: World) -> Action:
     auth, envelope = world.auth(principal), model.envelopes[seq]
 
     def act(step: Step) -> str:
-        outcome = _receive_one(step, auth, envelope, Position(stream=stream, seq=seq))
+        outcome = receive_one(step, auth, envelope, Position(stream=stream, seq=seq))
         if outcome != "collision":
             model.stored.add(seq)
             model.task_ids.add(task_id_for(principal, envelope.message_id))
@@ -475,7 +476,7 @@ def plan_claim_batch(world: World) -> Action:
     return _plan_claim(world, world.rng.randint(2, 4))
 
 
-def _pick_claim(world: World, *, current: bool | None) -> Claim | None:
+def pick_claim(world: World, *, current: bool | None) -> Claim | None:
     now = _decision_time(world)
     pool = [claim for claim in world.claims
             if current is None or is_current(claim, world.last, now) == current]
@@ -510,7 +511,7 @@ def _follow_ups(world: World, claim: Claim) -> list[FollowUp]:
 
 def plan_finish(world: World) -> Action | None:
     """Finish a claim (usually a current one), sometimes with follow-up tasks."""
-    claim = _pick_claim(world, current=True if world.rng.random() < 0.85 else None)
+    claim = pick_claim(world, current=True if world.rng.random() < 0.85 else None)
     if claim is None:
         return None
     result = world.rng.choice((None, {"verdict": "ok"}, [1, 2, 3], world.payload()))
@@ -540,7 +541,7 @@ def plan_finish(world: World) -> Action | None:
 
 def plan_fail(world: World) -> Action | None:
     """Fail a claim, retryable or not."""
-    claim = _pick_claim(world, current=True if world.rng.random() < 0.85 else None)
+    claim = pick_claim(world, current=True if world.rng.random() < 0.85 else None)
     if claim is None:
         return None
     retryable = world.rng.random() < 0.7
@@ -569,7 +570,7 @@ def plan_fail(world: World) -> Action | None:
 
 def plan_renew(world: World) -> Action | None:
     """Renew a claim's lease."""
-    claim = _pick_claim(world, current=True if world.rng.random() < 0.85 else None)
+    claim = pick_claim(world, current=True if world.rng.random() < 0.85 else None)
     if claim is None:
         return None
     lease = world.rng.choice((None, 10.0, 90.0))
@@ -608,7 +609,7 @@ def plan_stale_worker(world: World) -> Action | None:
     elif retaken and roll < 0.8:
         claim = world.rng.choice(retaken)
     else:
-        claim = _pick_claim(world, current=False)
+        claim = pick_claim(world, current=False)
     if claim is None:
         return None
     call = world.rng.choice(("finish", "fail", "renew"))

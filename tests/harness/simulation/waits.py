@@ -35,19 +35,18 @@ from postroom.models import (
     OpenResult,
     ResumeResult,
     SignalResult,
-    TaskState,
     WaitState,
 )
 from postroom.transitions import reply_id_for
 from postroom.validation import canonical_json, task_id_for
 from postroom.waits import WaitAddress, follow_up_namespace
+from tests.harness.simulation.chains import admit, chain_of, state_of
 from tests.harness.simulation.checks import CHECKS, KEEPERS, Transition
 from tests.harness.simulation.operations import (
     OPERATIONS,
     Action,
     Operation,
     Step,
-    born_state,
 )
 from tests.harness.simulation.world import (
     PRINCIPALS,
@@ -217,6 +216,14 @@ class WaitModel:
                     problems.append(f"tasks added {sorted(added)}, expected follow-ups "
                                     f"{sorted(self.follow_ups)}")
                 was = {**was, **{key: rows[key] for key in added}}
+            elif name == "chains":  # each follow-up admitted counts in its chain
+                chains = {key: dict(row) for key, row in was.items()}
+                for parent, effect in self.follow_ups.values():
+                    chain = chains.get(parent["root_task_id"] or parent["task_id"])
+                    if chain is not None:
+                        admit(chain, deadline=_follow_up_deadline(parent, effect),
+                              hops=parent["hops"] + 1, now=self.now)
+                was = chains
             elif name == "replies":
                 born = {reply_id_for(task_id) for task_id in self.follow_ups}
                 was = {**was, **{key: rows[key] for key in rows.keys() - was.keys()
@@ -644,18 +651,22 @@ def _resume_call(step: Step, model: WaitModel, address: Address,
     return expected
 
 
+def _follow_up_deadline(parent: Row, effect: FollowUp) -> float:
+    return float(parent["deadline"] if effect.deadline is None else effect.deadline)
+
+
 def _check_follow_up(step: Step, task_id: str, parent: Row, effect: FollowUp) -> None:
     """The follow-up task: its parent, one hop further, its queue, deadline and state."""
     row = step.after().tasks.get(task_id)
     step.expect(row is not None, f"the follow-up {task_id} of a resume is not stored")
     assert row is not None
-    deadline = parent["deadline"] if effect.deadline is None else effect.deadline
+    deadline = _follow_up_deadline(parent, effect)
     hops = parent["hops"] + 1
-    state = born_state(deadline, hops, step.now, step.world.settings.max_hops)
-    # Cancelling a chain's root cancels the chain: its later work is born cancelled.
-    chain = step.world.store.chain(task_id)
-    if chain.cancelled_at is not None:
-        state = TaskState.CANCELLED.value
+    # Born in its parent's chain: cancelled with it, or within its hop, task and cost budgets.
+    chain = chain_of(step.before, parent["task_id"])
+    step.expect(chain is not None, f"the parent {parent['task_id']} of {task_id} has no chain")
+    assert chain is not None
+    state = state_of(admit(dict(chain), deadline=deadline, hops=hops, now=step.now))
     queue = parent["queue"] if effect.queue is None else effect.queue
     found = (row["parent_task_id"], row["hops"], row["deadline"], row["queue"], row["state"])
     want = (parent["task_id"], hops, deadline, queue, state)
