@@ -20,6 +20,9 @@ from postroom.db.dialect import Dialect
 from postroom.db.queries import QuerySet
 from postroom.receiver import Receiver
 from tests.harness.simulation import run_rounds, run_seed
+from tests.harness.simulation.approvals import APPROVAL_OPERATIONS
+from tests.harness.simulation.chains import CHAIN_OPERATIONS
+from tests.harness.simulation.operations import OPERATIONS
 
 SEEDS = (0, 1, 2)
 OPS = 100
@@ -45,9 +48,15 @@ def test_two_small_rounds_of_processes_drain_to_one_effect_per_reply(make_url):
     assert result.operations > 0 and result.acked > 0
 
 
-def first_violation(make_url, ops: int = 300):
+#: The task and delivery operations, without the approvals' and chains' own: a bug in the
+#: kernel's fences shows among the stale workers these call often.
+KERNEL_OPERATIONS = [op for op in OPERATIONS
+                     if op not in APPROVAL_OPERATIONS and op not in CHAIN_OPERATIONS]
+
+
+def first_violation(make_url, ops: int = 300, operations=OPERATIONS):
     for seed in SEEDS:
-        result = run_seed(seed, ops, make_url)
+        result = run_seed(seed, ops, make_url, operations=operations)
         if result.violation is not None:
             return result.violation
     pytest.fail("the planted bug went unnoticed")
@@ -91,7 +100,7 @@ def test_a_guard_that_forgets_the_fence_is_reported(make_url, monkeypatch):
 
     load_queries = dialect_module.load_queries
     monkeypatch.setattr(dialect_module, "load_queries", unfenced)
-    violation = first_violation(make_url, ops=500)
+    violation = first_violation(make_url, ops=500, operations=KERNEL_OPERATIONS)
     assert any("stale claim" in problem for problem in violation.problems)
 
 
