@@ -18,6 +18,7 @@ __all__ = [
     "BenchError",
     "Context",
     "Measurement",
+    "Numbers",
     "Rounds",
     "SQLiteTarget",
     "Sizes",
@@ -227,3 +228,16 @@ class Context:
 def median(values: list[float] | tuple[float, ...]) -> float:
     """The median (robust to one round disturbed by a neighbour's burst of I/O)."""
     return float(statistics.median(values))
+
+
+class Numbers:
+    """Task numbers handed out in order; ``used`` is how many were handed out."""
+
+    def __init__(self) -> None:
+        self.used = 0
+
+    def take(self, count: int) -> range:
+        """The next ``count`` numbers."""
+        first = self.used
+        self.used += count
+        return range(first, self.used)

@@ -26,6 +26,7 @@ from postroom._bench.context import (
     BenchError,
     Context,
     Measurement,
+    Numbers,
     Rounds,
     median,
     require_clean_audit,
@@ -37,18 +38,6 @@ __all__ = ["one_task", "run_batched", "run_single"]
 
 _AUTH = postroom.AuthContext(principal="bench")
 _HOUR = 3600.0
-
-
-class _Numbers:
-    """Task numbers handed out in order; ``used`` is how many tasks were sent."""
-
-    def __init__(self) -> None:
-        self.used = 0
-
-    def take(self, count: int) -> range:
-        first = self.used
-        self.used += count
-        return range(first, self.used)
 
 
 def _envelope(n: int, deadline: float) -> postroom.Envelope:
@@ -118,7 +107,7 @@ def one_task(store: postroom.Store, transport: postroom.InProcessTransport, n: i
 def run_single(ctx: Context) -> list[Measurement]:
     """Tasks/s when every step of every task is its own transaction."""
     per_round = ctx.sizes.single_tasks
-    numbers = _Numbers()
+    numbers = Numbers()
     with _pipeline(ctx, "e2e-single") as (store, receiver, transport):
 
         def work() -> int:
@@ -139,7 +128,7 @@ def run_single(ctx: Context) -> list[Measurement]:
 def run_batched(ctx: Context) -> list[Measurement]:
     """Tasks/s when each step takes a batch of tasks in one transaction."""
     size, batches = ctx.sizes.batch_size, ctx.sizes.batches
-    numbers = _Numbers()
+    numbers = Numbers()
     with _pipeline(ctx, "e2e-batched") as (store, receiver, transport):
 
         def work() -> int:

@@ -16,7 +16,13 @@ import time
 from collections.abc import Callable
 
 import postroom
-from postroom._bench.context import BenchError, Context, Measurement, require_clean_audit
+from postroom._bench.context import (
+    BenchError,
+    Context,
+    Measurement,
+    Numbers,
+    require_clean_audit,
+)
 from postroom._bench.scenarios import runtime
 
 __all__ = ["run"]
@@ -25,36 +31,24 @@ _AUTH = postroom.AuthContext(principal="bench")
 _DAY = 86_400.0
 
 
-class _Sent:
-    """Message ids for one database: a new range per round."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def next_ids(self, tasks: int) -> range:
-        first = self.count
-        self.count += tasks
-        return range(first, first + tasks)
-
-
-def _in_process(store: postroom.Store, sent: _Sent, tasks: int) -> Callable[[], int]:
+def _in_process(store: postroom.Store, sent: Numbers, tasks: int) -> Callable[[], int]:
     def round_() -> int:
         deadline = time.time() + _DAY
-        for n in sent.next_ids(tasks):
+        for n in sent.take(tasks):
             store.receive(_AUTH, postroom.Envelope(message_id=f"m-{n}", sender="bench",
                                                    payload={"n": n}, deadline=deadline))
         return tasks
     return round_
 
 
-def _over_http(client: object, sent: _Sent, tasks: int) -> Callable[[], int]:
+def _over_http(client: object, sent: Numbers, tasks: int) -> Callable[[], int]:
     import httpx
 
     assert isinstance(client, httpx.Client)
 
     def round_() -> int:
         deadline = time.time() + _DAY
-        for n in sent.next_ids(tasks):
+        for n in sent.take(tasks):
             answer = client.post("/v1/tasks", json={
                 "message_id": f"m-{n}", "payload": {"n": n}, "deadline": deadline})
             if answer.status_code != 202:
@@ -70,11 +64,11 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _check(store: postroom.Store, sent: _Sent, what: str) -> None:
+def _check(store: postroom.Store, sent: Numbers, what: str) -> None:
     require_clean_audit(store._db)
     stored = sum(store.info()["tasks"].values())
-    if stored != sent.count:
-        raise BenchError(f"{what}: {sent.count} tasks sent, {stored} stored")
+    if stored != sent.used:
+        raise BenchError(f"{what}: {sent.used} tasks sent, {stored} stored")
 
 
 def run(ctx: Context) -> list[Measurement]:
@@ -88,7 +82,7 @@ def run(ctx: Context) -> list[Measurement]:
     ctx.progress(f"http: {tasks} tasks per round, one at a time, in process and over HTTP "
                  f"({backend})")
     with postroom.open_store(ctx.target.url("http-local")) as store:
-        sent = _Sent()
+        sent = Numbers()
         local = _in_process(store, sent, tasks)
         local()  # warm-up: the statements, the file's pages
         local_rounds = ctx.timed_rounds(local)
@@ -102,7 +96,7 @@ def run(ctx: Context) -> list[Measurement]:
         children.start("serve", url, "--port", str(port))
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30.0,
                           headers={"authorization": f"Bearer {token}"}) as client:
-            sent = _Sent()
+            sent = Numbers()
             remote = _over_http(client, sent, tasks)
             remote()  # warm-up: the connection, the server's statements
             remote_rounds = ctx.timed_rounds(remote)
