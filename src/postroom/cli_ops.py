@@ -431,13 +431,16 @@ def requeue_dead(url: str, reply_id: str, reason: str, operator: str) -> None:
 @click.option("--limit", type=click.IntRange(1, 1000), default=1000, show_default=True,
               help="Bulk: at most this many, newest first.")
 @click.option("--dry-run", is_flag=True, help="Bulk: list what would run again; write nothing.")
+@click.option("--request-id", default=None,
+              help="Name this decision: the same command run again with the same id (it was "
+                   "interrupted, or its answer was lost) re-runs no task a second time.")
 @_reason("it runs again")
 @_OPERATOR
 @_JSON
 def retry(  # noqa: PLR0917 - click passes every option as an argument
         url: str, task_id: str | None, queue: str | None, state: str | None,
-        since: float | None, until: float | None, limit: int, dry_run: bool, reason: str,
-        operator: str, as_json: bool) -> None:
+        since: float | None, until: float | None, limit: int, dry_run: bool,
+        request_id: str | None, reason: str, operator: str, as_json: bool) -> None:
     """Run a failed, expired or cancelled task again as a new task linked to it (the old
     one keeps its state and reply); prints the new task's id (with --json, the recorded
     decision). Exits 1 if the task is in another state.
@@ -452,7 +455,8 @@ def retry(  # noqa: PLR0917 - click passes every option as an argument
             raise click.UsageError(f"{(named or ['--dry-run'])[0]} is for a bulk re-run: "
                                    "leave out TASK_ID")
         with _open(url) as store, _refusals():
-            decision = store.retry(task_id, operator=operator, reason=reason)
+            decision = store.retry(task_id, operator=operator, reason=reason,
+                                   request_id=request_id)
         if as_json:
             _echo_json(decision, indent=None)
         else:
@@ -477,7 +481,8 @@ def retry(  # noqa: PLR0917 - click passes every option as an argument
         try:
             with click.progressbar(chosen, label="re-running", file=sys.stderr) as tasks:
                 for task in tasks:
-                    made.append(store.retry(task.task_id, operator=operator, reason=reason))
+                    made.append(store.retry(task.task_id, operator=operator, reason=reason,
+                                            request_id=request_id))
         finally:  # each re-run committed on its own: show those made even if one failed
             if as_json:
                 _echo_json({"retried": made})

@@ -27,6 +27,7 @@ import inspect
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -275,14 +276,20 @@ class _Api:
         """Cancel a task: ``{"cancelled": bool}``."""
         return self._send(_Op("POST", _task(task_id, "/cancel"), {"reason": reason}))
 
-    def retry(self, task_id: str, *, reason: str, deadline: float | None = None) -> Any:
-        """Run an ended task again as a new one."""
-        return self._send(_Op("POST", _task(task_id, "/retry"),
-                              _given(reason=reason, deadline=deadline)))
+    def retry(self, task_id: str, *, reason: str, deadline: float | None = None,
+              request_id: str | None = None) -> Any:
+        """Run an ended task again as a new one. The call is idempotent: it names its
+        request (``request_id``, a new UUID if not given), so that a resend after a lost
+        answer gets the re-run the first one made."""
+        return self._send(_Op("POST", _task(task_id, "/retry"), _given(
+            reason=reason, deadline=deadline, request_id=request_id or uuid.uuid4().hex)))
 
-    def retry_many(self, *, reason: str, **filters: Any) -> Any:
-        """Run again every ended task the filters name (``dry_run=True``: list them)."""
-        return self._send(_Op("POST", "/v1/retries", _given(reason=reason, **filters)))
+    def retry_many(self, *, reason: str, request_id: str | None = None,
+                   **filters: Any) -> Any:
+        """Run again every ended task the filters name (``dry_run=True``: list them); like
+        ``retry``, idempotent under its ``request_id``."""
+        return self._send(_Op("POST", "/v1/retries", _given(
+            reason=reason, request_id=request_id or uuid.uuid4().hex, **filters)))
 
     def status(self) -> Any:
         """Every queue's four stages."""

@@ -660,13 +660,17 @@ class Retry:
     operator: str
     reason: str
     retried_at: float
+    #: The id of the request that made it, if it named one (the same request again gets
+    #: this decision back).
+    request_id: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Retry:
         """Build from a ``task_retries`` row."""
         return cls(task_id=row["task_id"], number=int(row["number"]),
                    new_task_id=row["new_task_id"], operator=row["operator"],
-                   reason=row["reason"], retried_at=float(row["retried_at"]))
+                   reason=row["reason"], retried_at=float(row["retried_at"]),
+                   request_id=row["request_id"])
 
 
 class Missed(StrEnum):

@@ -403,7 +403,7 @@ class Store:
     # -- operators' flow control: re-runs, paused and limited queues -------------------------
 
     def retry(self, task_id: str, *, operator: str, reason: str,
-              deadline: float | None = None) -> Retry:
+              deadline: float | None = None, request_id: str | None = None) -> Retry:
         """Run a failed, expired or cancelled task again: a recorded operator decision (who,
         when, why) that makes a new task linked to the old one (``retry_of``), never a
         rewrite of the old task's terminal state or its reply.
@@ -411,24 +411,36 @@ class Store:
         The new task has the old one's payload, queue, limits, priority, chain and requester;
         its deadline is ``deadline``, or as far from now as the old one's was from its
         creation. ``Conflict`` for a task in another state, ``NotFound`` for none.
+
+        With ``request_id`` the decision is idempotent: calling again with the same id (say
+        after ``OutcomeUnknown``) returns the re-run the first call made instead of making
+        a second; the same id with another operator or reason is a ``PayloadCollision``.
         """
         check_text(task_id, "task_id", max_bytes=TASK_ID_BYTES)
         check_text(operator, "operator", max_bytes=self._settings.limits.text_bytes)
         check_text(reason, "reason", max_bytes=4096)
         when = None if deadline is None else check_number(deadline, "deadline")
+        request = None if request_id is None else check_text(
+            request_id, "request_id", max_bytes=self._settings.limits.text_bytes)
         return self._db.write(tasks.RETRY, lambda tx: tasks.retry(
-            tx, self._settings, task_id, operator=operator, reason=reason, deadline=when))
+            tx, self._settings, task_id, operator=operator, reason=reason, deadline=when,
+            request_id=request))
 
     def retry_many(self, *, operator: str, reason: str,
                    state: TaskState | str | None = None, queue: str | None = None,
                    created_after: float | None = None, created_before: float | None = None,
-                   dry_run: bool = False, limit: int = 1000) -> list[Task | Retry]:
+                   dry_run: bool = False, limit: int = 1000,
+                   request_id: str | None = None) -> list[Task | Retry]:
         """Run again every failed, expired or cancelled task that the filters name (``state``
         one of those three, or all of them), at most ``limit``, newest first, each its own
         recorded decision in a transaction of its own. With ``dry_run``, only list the tasks
-        that would be run again (as ``Task``), writing nothing."""
+        that would be run again (as ``Task``), writing nothing. A ``request_id`` is each
+        task's own (see ``retry``): the same bulk request sent again, after it stopped half
+        way or its answer was lost, re-runs each task once."""
         check_text(operator, "operator", max_bytes=self._settings.limits.text_bytes)
         check_text(reason, "reason", max_bytes=4096)
+        if request_id is not None:
+            check_text(request_id, "request_id", max_bytes=self._settings.limits.text_bytes)
         check_bool(dry_run, "dry_run")
         check_limit(limit)
         states = ([status.check_state(state, TaskState)] if state is not None
@@ -449,7 +461,8 @@ class Store:
                     break
         if dry_run:
             return list(chosen)
-        return [self.retry(task.task_id, operator=operator, reason=reason) for task in chosen]
+        return [self.retry(task.task_id, operator=operator, reason=reason,
+                           request_id=request_id) for task in chosen]
 
     def retries(self, task_id: str) -> list[Retry]:
         """The recorded re-runs of ``task_id``, oldest first."""

@@ -15,7 +15,14 @@ from typing import Any
 from postroom import approvals, chains, log, outbox, transitions, waits
 from postroom.db.database import NotAllApplied, Tx, Write
 from postroom.db.dialect import Row
-from postroom.errors import Conflict, Fenced, NotFound, PostroomError, WaitNotOpened
+from postroom.errors import (
+    Conflict,
+    Fenced,
+    NotFound,
+    PayloadCollision,
+    PostroomError,
+    WaitNotOpened,
+)
 from postroom.inbox import store_message
 from postroom.models import Claim, OpenResult, Retry, Settled, TaskState, WaitOpening
 from postroom.queues import free_slots
@@ -539,7 +546,7 @@ RERUNNABLE = frozenset({TaskState.FAILED, TaskState.EXPIRED, TaskState.CANCELLED
 
 
 def retry(tx: Tx, settings: Settings, task_id: str, *, operator: str, reason: str,
-          deadline: float | None) -> Retry:
+          deadline: float | None, request_id: str | None = None) -> Retry:
     """Run a failed, expired or cancelled task again: a new task, linked to the old one by
     ``retry_of`` and by a recorded decision (who, when, why); the old task, its terminal
     state and its reply stay as they are.
@@ -547,10 +554,18 @@ def retry(tx: Tx, settings: Settings, task_id: str, *, operator: str, reason: st
     The new task is the old one's payload, queue, limits, priority, chain and requester,
     identified as the n-th re-run of the old task (``retry:<task_id>``, ``n``). Its deadline
     is ``deadline``, or as far from now as the old one was from its creation.
+
+    A ``request_id`` makes the decision idempotent: the same request sent again (by the
+    same operator, for the same reason) gets the re-run it made; another decision under
+    that id is a ``PayloadCollision``.
     """
     row = tx.one("task_get_locked", task_id=task_id)
     if row is None:
         raise NotFound(f"no task {task_id}")
+    if request_id is not None:
+        made = tx.one("task_retry_requested", task_id=task_id, request_id=request_id)
+        if made is not None:
+            return _same_request(Retry.from_row(made), operator=operator, reason=reason)
     state = TaskState(row["state"])
     if state not in RERUNNABLE:
         raise Conflict(f"task {task_id} is {state.value}: only a failed, expired or cancelled "
@@ -568,8 +583,19 @@ def retry(tx: Tx, settings: Settings, task_id: str, *, operator: str, reason: st
                       requester=row["requester"], retry_of=task_id)
     store_message(tx, settings, checked)
     tx.change("task_retry_insert", task_id=task_id, number=number,
-              new_task_id=checked.task_id, operator=operator, reason=reason, now=tx.now)
+              new_task_id=checked.task_id, operator=operator, reason=reason, now=tx.now,
+              request_id=request_id)
     tx.log(_log, logging.INFO, "task run again", task_id=task_id, state=state.value,
            operator=operator)
     return Retry(task_id=task_id, number=number, new_task_id=checked.task_id,
-                 operator=operator, reason=reason, retried_at=tx.now)
+                 operator=operator, reason=reason, retried_at=tx.now, request_id=request_id)
+
+
+def _same_request(made: Retry, *, operator: str, reason: str) -> Retry:
+    """The re-run a request made, answered again, if this is that request once more."""
+    for name, given, recorded in (("operator", operator, made.operator),
+                                   ("reason", reason, made.reason)):
+        if given != recorded:
+            raise PayloadCollision(f"request {made.request_id!r} re-running {made.task_id}",
+                                   f"its {name} was {recorded!r}")
+    return made

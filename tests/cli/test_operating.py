@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 
 import click
@@ -358,7 +358,7 @@ def test_retry_json_shows_the_recorded_decision(db_url, live, auth):
     (recorded,) = live.retries(task_id)
     assert decision == {"task_id": task_id, "number": 1, "new_task_id": recorded.new_task_id,
                         "operator": "ana", "reason": "fixed",
-                        "retried_at": recorded.retried_at}
+                        "retried_at": recorded.retried_at, "request_id": None}
 
 
 def test_retry_of_a_task_that_is_not_re_runnable_exits_1(db_url, live, auth):
@@ -390,16 +390,21 @@ def test_bulk_retry_runs_each_named_task_again(db_url, live, auth):
     assert live.retries(cancelled) == [] and "3 of 3 tasks run again" in result.stderr
 
 
-def test_bulk_retry_that_stops_midway_shows_the_re_runs_it_made(db_url, live, auth):
-    failed = [failed_task(live, auth, f"f-{index}") for index in range(3)]
+def second_commit_fails() -> Callable[[str], None]:
+    """A fault action: the second time its point is reached, the disk is full."""
     passed: list[str] = []
 
-    def second_fails(name: str) -> None:
+    def action(name: str) -> None:
         passed.append(name)
         if len(passed) == 2:
             raise postroom.StoreError("disk full")
 
-    with faults.armed("retry.before_commit", second_fails, times=None):
+    return action
+
+
+def test_bulk_retry_that_stops_midway_shows_the_re_runs_it_made(db_url, live, auth):
+    failed = [failed_task(live, auth, f"f-{index}") for index in range(3)]
+    with faults.armed("retry.before_commit", second_commit_fails(), times=None):
         result = cli("retry", db_url, "--state", "failed", "--reason", "outage over")
     assert result.exit_code == 2 and "disk full" in result.stderr
     assert "1 of 3 tasks run again" in result.stderr
@@ -407,6 +412,19 @@ def test_bulk_retry_that_stops_midway_shows_the_re_runs_it_made(db_url, live, au
     old, new = line.split(" -> ")
     assert [task_id for task_id in failed if live.retries(task_id)] == [old]
     assert live.task(new).retry_of == old
+
+
+def test_a_bulk_retry_run_again_with_its_request_id_reruns_each_task_once(db_url, live,
+                                                                          auth):
+    failed = [failed_task(live, auth, f"f-{index}") for index in range(3)]
+    command = ("retry", db_url, "--state", "failed", "--reason", "outage over",
+               "--request-id", "outage-7")
+    with faults.armed("retry.before_commit", second_commit_fails(), times=None):
+        assert cli(*command).exit_code == 2
+    result = cli(*command)
+    assert result.exit_code == 0, result.output
+    assert [len(live.retries(task_id)) for task_id in failed] == [1, 1, 1]
+    assert "3 of 3 tasks run again" in result.stderr
 
 
 def test_bulk_retry_takes_only_the_tasks_created_in_the_window(db_url, live, auth):

@@ -289,6 +289,53 @@ def test_each_retry_is_a_new_recorded_decision_and_a_new_task(store, failed):
     assert first.new_task_id != second.new_task_id
 
 
+def test_a_retry_sent_again_with_its_request_id_gets_the_rerun_it_made(store, failed):
+    first = store.retry(failed, operator="a", reason="fixed", request_id="req-1")
+    again = store.retry(failed, operator="a", reason="fixed", request_id="req-1")
+    assert again == first and first.request_id == "req-1"
+    assert store.retries(failed) == [first]
+
+
+def test_a_request_id_names_one_decision_per_task(store, auth, failed):
+    other = store.receive(auth, envelope("m-2", max_attempts=1)).task_id
+    store.fail(store.claim("w"), "broken")
+    made = {store.retry(task, operator="a", reason="r", request_id="req-1").new_task_id
+            for task in (failed, other)}
+    assert len(made) == 2
+
+
+def test_a_request_id_sent_with_another_reason_is_a_collision_and_writes_nothing(
+        store, failed):
+    store.retry(failed, operator="a", reason="fixed", request_id="req-1")
+    with pytest.raises(postroom.PayloadCollision, match="reason"):
+        store.retry(failed, operator="a", reason="something else", request_id="req-1")
+    assert len(store.retries(failed)) == 1
+
+
+def test_retries_without_a_request_id_are_each_a_new_decision(store, failed):
+    store.retry(failed, operator="a", reason="r", request_id="req-1")
+    store.retry(failed, operator="a", reason="r")
+    assert [r.request_id for r in store.retries(failed)] == ["req-1", None]
+
+
+def test_a_bulk_retry_sent_again_with_its_request_id_reruns_each_task_once(store, auth):
+    for i in range(3):
+        store.receive(auth, envelope(f"m-{i}", max_attempts=1))
+        store.fail(store.claim("w"), "broken")
+    first = store.retry_many(operator="a", reason="r", state="failed", request_id="bulk")
+    again = store.retry_many(operator="a", reason="r", state="failed", request_id="bulk")
+    assert sorted(map(repr, again)) == sorted(map(repr, first)) and len(first) == 3
+
+
+@pytest.mark.parametrize("request_id", [5, "", "x" * 5000])
+def test_a_request_id_that_cannot_be_is_refused_naming_it(store, failed, request_id):
+    with pytest.raises(postroom.InvalidInput, match="request_id"):
+        store.retry(failed, operator="a", reason="r", request_id=request_id)
+    with pytest.raises(postroom.InvalidInput, match="request_id"):
+        store.retry_many(operator="a", reason="r", request_id=request_id)
+    assert store.retries(failed) == []
+
+
 def test_a_done_task_cannot_be_run_again(store, auth):
     task_id = store.receive(auth, envelope("m-1")).task_id
     store.finish(store.claim("w"), "ok")

@@ -42,7 +42,8 @@ SELECT queue, slot, task_id, fence FROM queue_slots
 
 -- name: snapshot_task_retries
 -- Every operator's re-run of a task.
-SELECT task_id, number, new_task_id, operator, reason, retried_at FROM task_retries
+SELECT task_id, number, new_task_id, operator, reason, retried_at, request_id
+FROM task_retries
 
 -- name: snapshot_receipts
 -- Receiver: every receipt with how many business effects its reply id has.

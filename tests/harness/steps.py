@@ -121,15 +121,17 @@ def _cancel(ctx: Context, task_id: str) -> bool:
 
 
 @step("retry")
-def _retry(ctx: Context, task_id: str) -> str:
+def _retry(ctx: Context, task_id: str, request_id: str | None = None) -> str:
     """Run a cancelled (failed, expired) task again; the new task's id."""
-    return ctx.store.retry(task_id, operator="op", reason="test").new_task_id
+    return ctx.store.retry(task_id, operator="op", reason="test",
+                           request_id=request_id).new_task_id
 
 
 @step("retry_many")
-def _retry_many(ctx: Context, state: str) -> list[str]:
+def _retry_many(ctx: Context, state: str, request_id: str | None = None) -> list[str]:
     """Run again every task in ``state``, newest first; the new tasks' ids."""
-    reruns = ctx.store.retry_many(operator="op", reason="test", state=state)
+    reruns = ctx.store.retry_many(operator="op", reason="test", state=state,
+                                  request_id=request_id)
     return [rerun.new_task_id for rerun in reruns if isinstance(rerun, Retry)]
 
 

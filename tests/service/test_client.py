@@ -78,6 +78,24 @@ def test_a_lost_answer_is_retried_safely_for_submits_and_outcomes(service):
     assert service.store.task(ack.task_id).result == {"ok": True}
 
 
+def test_a_rerun_whose_answer_is_lost_is_sent_again_and_makes_one_new_task(service):
+    task_id = service.client("alice").submit(
+        "r-1", {"n": 1}, deadline=DEADLINE, max_attempts=1).task_id
+    worker = service.client("wendy")
+    (claim,) = worker.claim()
+    worker.fail(claim, "broken")
+    operator = Client(service.url, service.tokens["olga"], backoff=0,
+                      transport=LosesFirstAnswers(("/retry", "/v1/retries")))
+    with operator:
+        single = operator.retry(task_id, reason="fixed")
+        (made,) = service.store.retries(task_id)
+        bulk = operator.retry_many(reason="fixed", state="failed")
+    assert single["new_task_id"] == made.new_task_id
+    # the bulk request is a new decision about the same task: one more, not two
+    assert [item["number"] for item in bulk["retries"]] == [2]
+    assert len(service.store.retries(task_id)) == 2
+
+
 def test_a_remote_worker_runs_an_apps_handlers_with_no_database(service):
     app = App()
 

@@ -51,6 +51,7 @@ from postroom.principals import (
     may_read_wait,
     may_work,
 )
+from postroom.validation import is_decimal
 
 __all__ = ["owner_of", "plain"]
 
@@ -132,11 +133,13 @@ WAIT_QUERY: Mapping[str, Schema] = {"due_before": number(), "responder": text(),
                                     "limit": integer(1, 1000), "cursor": text(4096)}
 GENERATION_QUERY: Mapping[str, Schema] = {"generation": integer(1, 2**31 - 1)}
 PAGE_QUERY: Mapping[str, Schema] = {"limit": integer(1, 1000), "cursor": text(4096)}
-RETRY_BODY = obj({"reason": REASON, "deadline": number()}, required=("reason",))
+RETRY_BODY = obj({"reason": REASON, "deadline": number(), "request_id": text()},
+                 required=("reason",))
 RETRIES_BODY = obj({
     "reason": REASON, "state": {"type": "string", "enum": ["failed", "expired", "cancelled"]},
     "queue": text(), "created_after": number(), "created_before": number(),
-    "dry_run": boolean(), "limit": integer(1, 1000)}, required=("reason",))
+    "dry_run": boolean(), "limit": integer(1, 1000), "request_id": text()},
+    required=("reason",))
 RESULT: Schema = {"type": "object"}
 
 # -- what the store's records look like over HTTP -------------------------------------------
@@ -489,7 +492,7 @@ def answer_approval(call: Call) -> Answer:
 
 
 def _generation(text_value: str) -> int:
-    if not text_value.isdigit() or len(text_value) > 10:
+    if not is_decimal(text_value) or len(text_value) > 10:
         raise InvalidInput("generation", "must be a positive integer")
     return int(text_value)
 
@@ -575,7 +578,8 @@ def retry(call: Call) -> Answer:
     """Run a failed, expired or cancelled task again, as a new task linked to it."""
     task_id = _visible_task(call, call.params["task_id"]).task_id
     made = call.store.retry(task_id, operator=call.principal.name,
-                            reason=call.body["reason"], deadline=call.body.get("deadline"))
+                            reason=call.body["reason"], deadline=call.body.get("deadline"),
+                            request_id=call.body.get("request_id"))
     return Answer(status=201, body=plain(made), headers=_location(made.new_task_id))
 
 

@@ -283,8 +283,9 @@ async def _task(request: Request, store: Store, viewer: Viewer,
     if not principals.may_read_task(viewer.principal, story.task):
         raise NotFound(task_id)
     retries = await run_in_threadpool(store.retries, task_id)
+    # The re-run form names its request, so that a form sent twice makes one re-run.
     return _render("task.html", viewer, story=story, retries=retries,
-                   rerunnable=story.task.state in RERUNNABLE,
+                   rerunnable=story.task.state in RERUNNABLE, request_id=uuid.uuid4().hex,
                    notice=request.query_params.get("done", ""))
 
 
@@ -391,7 +392,8 @@ async def _retry(request: Request, store: Store, viewer: Viewer,
                  form: dict[str, str]) -> Response:
     task_id = request.path_params["task_id"]
     retry = await run_in_threadpool(lambda: store.retry(
-        task_id, operator=viewer.principal.name, reason=_required(form, "reason")))
+        task_id, operator=viewer.principal.name, reason=_required(form, "reason"),
+        request_id=form.get("request_id") or None))
     return _back(f"/tasks/{retry.new_task_id}", done=f"a re-run of {task_id}")
 
 
@@ -403,10 +405,10 @@ async def _retry_many(request: Request, store: Store, viewer: Viewer,
     dry_run = form.get("confirm") != "yes"
     chosen = await run_in_threadpool(lambda: store.retry_many(
         operator=viewer.principal.name, reason=reason, state=state, queue=queue,
-        dry_run=dry_run, limit=PAGE * 20))
+        dry_run=dry_run, limit=PAGE * 20, request_id=form.get("request_id") or None))
     if dry_run:
         return _render("rerun.html", viewer, chosen=chosen, state=state or "",
-                       queue=queue or "", reason=reason)
+                       queue=queue or "", reason=reason, request_id=uuid.uuid4().hex)
     return _back("/tasks", state=state or "", queue=queue or "",
                  done=f"{len(chosen)} task(s) run again")
 

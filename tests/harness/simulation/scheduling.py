@@ -14,7 +14,8 @@ Importing this module registers them into the simulation's shared tables:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from postroom.errors import Conflict, NotFound
 from postroom.models import Retry, Task, TaskState
@@ -116,15 +117,26 @@ def _check_rerun(step: Step, task_id: str, rerun: Retry) -> None:
 
 
 def plan_retry(world: World) -> Action | None:
-    """Run a task again: a failed, expired or cancelled one, or (refused) another."""
-    task_id = pick_task(world, lambda row: row["state"] in RERUNNABLE, 0.85)
+    """Run a task again: a failed, expired or cancelled one, or (refused) another; often
+    naming the request (one of a few ids), so that some are the same request sent again."""
+    named = [(key[0], row["request_id"]) for key, row in world.last.tables[
+        "task_retries"].items() if row["request_id"] is not None]
+    if named and world.rng.random() < 0.25:  # a request whose answer was lost, sent again
+        task_id, request_id = world.rng.choice(named)
+    else:
+        task_id = pick_task(world, lambda row: row["state"] in RERUNNABLE, 0.85)
+        request_id = world.rng.choice((None, "req-1", "req-2"))
     if task_id is None:
         return None
 
     def act(step: Step) -> str:
         was = step.before.tasks.get(task_id)
+        made = [row for key, row in step.before.tables["task_retries"].items()
+                if key[0] == task_id and request_id is not None
+                and row["request_id"] == request_id]
         try:
-            rerun = step.world.store.retry(task_id, operator="op", reason="simulated re-run")
+            rerun = step.world.store.retry(task_id, operator="op", reason="simulated re-run",
+                                           request_id=request_id)
         except NotFound:
             step.expect(was is None, f"retry of stored task {task_id}: NotFound")
             return "not_found"
@@ -134,10 +146,24 @@ def plan_retry(world: World) -> Action | None:
             return "refused"
         step.expect(was is not None and was["state"] in RERUNNABLE,
                     f"retry of {task_id} ({was and was['state']}) was accepted")
+        if made:
+            _check_replayed(step, task_id, rerun, made[0])
+            return "replayed"
         _check_rerun(step, task_id, rerun)
         return "rerun"
 
     return act
+
+
+def _check_replayed(step: Step, task_id: str, rerun: Retry, made: Mapping[str, Any]) -> None:
+    """The same request again gets the re-run it made, and nothing is written."""
+    step.expect((rerun.number, rerun.new_task_id) == (made["number"], made["new_task_id"]),
+                f"request {rerun.request_id} re-running {task_id} again answered "
+                f"{rerun.number}/{rerun.new_task_id}, it made {made}")
+    after = step.after()
+    step.expect(after.tables["task_retries"] == step.before.tables["task_retries"]
+                and after.tasks.keys() == step.before.tasks.keys(),
+                f"request {rerun.request_id} re-running {task_id} again wrote something")
 
 
 def plan_retry_many(world: World) -> Action:

@@ -360,8 +360,13 @@ SELECT count(*) AS n FROM task_retries WHERE task_id = :task_id
 
 -- name: task_retry_insert
 -- Record an operator's decision to run a task again, and the task it made.
-INSERT INTO task_retries (task_id, number, new_task_id, operator, reason, retried_at)
-VALUES (:task_id, :number, :new_task_id, :operator, :reason, :now)
+INSERT INTO task_retries (task_id, number, new_task_id, operator, reason, retried_at,
+                          request_id)
+VALUES (:task_id, :number, :new_task_id, :operator, :reason, :now, :request_id)
+
+-- name: task_retry_requested
+-- The re-run of a task that a request with this id made, if it made one.
+SELECT * FROM task_retries WHERE task_id = :task_id AND request_id = :request_id
 
 -- name: task_retries_of
 -- The recorded re-runs of a task, oldest first.
