@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from postroom.errors import InvalidInput
+from postroom.validation import is_decimal
 
 __all__ = ["Cron", "parse_cron"]
 
@@ -155,7 +156,7 @@ def _field(text: str, name: str, low: int, high: int) -> frozenset[int]:
 
 
 def _number(text: str, name: str, low: int, high: int, what: str = "value") -> int:
-    if not (text.isascii() and text.isdigit()):
+    if not is_decimal(text):
         raise InvalidInput("cron", f"{name} {what} {text!r} is not a number")
     value = int(text)
     if not low <= value <= high:

@@ -25,6 +25,7 @@ import secrets
 from collections.abc import Mapping, Sequence
 
 from postroom.errors import BadSignature, InvalidInput
+from postroom.validation import is_decimal
 
 __all__ = ["PREFIX", "SECRET_BYTES", "TOLERANCE", "new_secret", "secret_key", "sign",
            "signature", "verify"]
@@ -92,7 +93,7 @@ def verify(secrets_: Sequence[str], headers: Mapping[str, str], body: str, *, no
         if not value:
             raise InvalidInput(name, "header missing")
     assert msg_id is not None and stamp is not None and offered is not None
-    if not stamp.isascii() or not stamp.isdigit() or len(stamp) > 12:
+    if not is_decimal(stamp) or len(stamp) > 12:
         raise InvalidInput("webhook-timestamp", "must be whole seconds since the Unix epoch")
     timestamp = int(stamp)
     if not math.isfinite(now) or abs(now - timestamp) > tolerance:

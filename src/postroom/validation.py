@@ -192,6 +192,12 @@ def check_number(value: object, field: str,
     return number
 
 
+def is_decimal(text: str) -> bool:
+    """Whether ``text`` is a decimal number in ASCII digits (``str.isdigit`` also takes
+    ``"¹"``, which ``int`` refuses, and ``"٣"``, which it reads as 3)."""
+    return text.isascii() and text.isdigit()
+
+
 def check_bool(value: object, field: str) -> bool:
     """A ``bool``: nothing else is taken for true or false."""
     if type(value) is not bool:

@@ -7,6 +7,7 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from postroom.http.app import ROUTES, create_app
 from postroom.http.routing import Answer, Limits, Route
@@ -222,6 +223,16 @@ def test_a_human_answers_the_wait_addressed_to_it_once(service):
         again = human.post(path, json={"event_id": "e-1", "value": {"ok": True}}).json()
     assert [wait["flow"] for wait in listed] == ["refund-1"]
     assert (answer["result"], again["result"]) == ("accepted", "replay")
+
+
+@pytest.mark.parametrize("generation", ["¹", "٣", "-1", "1.0", "12345678901"])
+@pytest.mark.parametrize("tail", ["signal", "approval"])
+def test_a_generation_that_is_not_ascii_digits_is_a_400_naming_it(service, generation, tail):
+    body = {"event_id": "e-1", "value": 1} if tail == "signal" else {"event_id": "e-1",
+                                                                     "approve": True}
+    with service.http("hana") as human:
+        answer = human.post(f"/v1/waits/refund-1/approve/{generation}/{tail}", json=body)
+    assert answer.status_code == 400 and answer.json()["field"] == "generation"
 
 
 def test_operators_cancel_retry_pause_and_resume(service):

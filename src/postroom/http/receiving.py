@@ -38,7 +38,7 @@ from postroom import (
     StoreUnavailable,
 )
 from postroom.signing import TOLERANCE, secret_key, verify
-from postroom.validation import REPLY_BODY_BYTES
+from postroom.validation import REPLY_BODY_BYTES, is_decimal
 
 __all__ = ["ReceiverApp"]
 
@@ -126,8 +126,9 @@ class ReceiverApp:
 
     def _check_length(self, headers: Mapping[str, str]) -> None:
         declared = headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self._max_body):
-            raise _Refused(413 if declared.isdigit() else 400,
+        if declared is not None and (not is_decimal(declared)
+                                     or int(declared) > self._max_body):
+            raise _Refused(413 if is_decimal(declared) else 400,
                            f"the body may have at most {self._max_body} bytes")
 
     async def _body(self, headers: dict[str, str], receive: Receive) -> bytes:

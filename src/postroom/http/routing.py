@@ -39,6 +39,7 @@ from postroom import InvalidInput, PostroomError, Principal, Role, Store
 from postroom.http import schemas
 from postroom.http.auth import Caller, authenticate
 from postroom.http.problems import CONTENT_TYPE, Problem, problem_for
+from postroom.validation import is_decimal
 
 __all__ = ["Answer", "Call", "Guard", "Limits", "Observer", "Route", "endpoint", "openapi"]
 
@@ -161,8 +162,8 @@ class Guard:
 
         limit = self.limits.max_body
         declared = _header(scope, b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > limit):
-            await _send_problem(sending, _too_large(limit) if declared.isdigit() else Problem(
+        if declared is not None and (not is_decimal(declared) or int(declared) > limit):
+            await _send_problem(sending, _too_large(limit) if is_decimal(declared) else Problem(
                 400, "invalid-input", "Invalid input", "content-length is not a number",
                 field="content-length"))
             return

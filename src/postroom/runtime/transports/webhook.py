@@ -44,6 +44,7 @@ import httpx
 
 from postroom import AddressRefused, Endpoint, Outcome, Outgoing, __version__
 from postroom.signing import sign
+from postroom.validation import is_decimal
 
 __all__ = ["MAX_RETRY_AFTER", "GuardedBackend", "Timeouts", "Webhooks", "outcome_for",
            "refusal", "retry_after"]
@@ -176,7 +177,7 @@ def retry_after(value: str | None, now: float) -> float | None:
     if value is None:
         return None
     value = value.strip()
-    if value.isascii() and value.isdigit():
+    if is_decimal(value):
         return min(float(int(value[:12])), MAX_RETRY_AFTER)
     try:
         when = parsedate_to_datetime(value).timestamp()
