@@ -45,6 +45,10 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+#: The queries each dialect class loaded, by the loader that loaded them.
+_LOADED: dict[tuple[Callable[..., QuerySet], type[Dialect]], QuerySet] = {}
+
+
 class Dialect(ABC):
     """One database backend."""
 
@@ -60,8 +64,14 @@ class Dialect(ABC):
 
     @cached_property
     def queries(self) -> QuerySet:
-        """Every named query, resolved for this dialect."""
-        return load_queries(self.fragments, self.convert)
+        """Every named query, resolved for this dialect: loaded once per dialect class in a
+        process (the SQL files do not change while it runs), so opening a store costs no
+        parsing after the first."""
+        key = (load_queries, type(self))  # a test that replaces the loader gets its own
+        loaded = _LOADED.get(key)
+        if loaded is None:
+            loaded = _LOADED[key] = load_queries(self.fragments, self.convert)
+        return loaded
 
     def convert(self, sql: str) -> str:
         """Turn ``:name`` parameters into the driver's style (SQLite takes them as they are)."""
