@@ -2,7 +2,8 @@
 
 ``db_url`` is parametrized over the backends under test (``POSTROOM_BACKENDS``, default:
 ``sqlite,postgres``). Each test gets databases of its own: a temporary SQLite file, or a
-PostgreSQL schema created for it and dropped afterwards (see ``tests/pg.py``).
+PostgreSQL schema created for it and dropped afterwards (see ``tests/pg.py``); for a test that
+opens the ``store`` fixture, one that already holds an empty migrated store.
 
 PostgreSQL tests are skipped, visibly, only when the server is unreachable and ``CI`` is not
 set; under ``CI=true`` an unreachable server fails them.
@@ -10,6 +11,8 @@ set; under ``CI=true`` an unreachable server fails them.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import shutil
 import tempfile
@@ -96,9 +99,47 @@ class UrlFactory:
             return url
         raise pytest.UsageError(f"unknown backend {self.backend!r}")
 
+    def store(self, name: str = "store") -> str:
+        """Like calling it, but the database already holds an empty store at the latest
+        schema version, as opening one would leave it: on PostgreSQL a schema from
+        ``STORE_SCHEMAS``, on SQLite a copy of a migrated file."""
+        if self.backend == "postgres":
+            url = STORE_SCHEMAS.take(name)
+            self._cleanups.append(lambda: STORE_SCHEMAS.give_back(url))
+            return url
+        url = self(name)
+        shutil.copyfile(_migrated_sqlite_file(), url.removeprefix("sqlite:///"))
+        return url
+
     def cleanup(self) -> None:
         for cleanup in reversed(self._cleanups):
             cleanup()
+
+
+#: The store schemas of this test process (see ``tests/pg.py``), dropped when it ends.
+STORE_SCHEMAS = pg.StoreSchemas()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    STORE_SCHEMAS.close()
+
+
+@functools.cache
+def _migrated_sqlite_file() -> str:
+    """A SQLite file holding an empty store at the latest version, made once per process."""
+    from postroom.db import Database, dialect_for_url
+
+    path = Path(tempfile.mkdtemp(prefix="postroom-template-",
+                                 dir=MEMORY_FOLDER if _memory_folder_usable() else None))
+    url = f"sqlite:///{path / 'store.db'}"
+    database = Database(dialect_for_url(url))
+    try:
+        database.migrate("store")
+    finally:
+        database.close()
+    assert not (path / "store.db-wal").exists()  # everything is in the one file
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return str(path / "store.db")
 
 
 @pytest.fixture(params=backends())
@@ -116,7 +157,11 @@ def make_url(backend: str, tmp_path: Path) -> Iterator[UrlFactory]:
 
 
 @pytest.fixture
-def db_url(make_url: UrlFactory) -> str:
+def db_url(make_url: UrlFactory, request: pytest.FixtureRequest) -> str:
+    # A test that opens the store fixture on it gets it migrated already (the fixture would
+    # migrate it first thing): that is the time a fresh store costs, saved.
+    if "store" in request.fixturenames:
+        return make_url.store()
     return make_url("store")
 
 

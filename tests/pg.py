@@ -6,7 +6,9 @@ an empty schema of its own in the ``postroom_tests`` database (the URL sets its
 ``search_path``), dropped afterwards; postroom names its NOTIFY channel and migration lock
 after the schema, so tests running in parallel never see each other's rows or wake-ups.
 (A schema costs a millisecond; a database costs a checkpoint to drop. The catalog rows a
-dropped schema leaves dead are vacuumed now and then: see ``CATALOGS``.) A test that ends
+dropped schema leaves dead are vacuumed now and then: see ``CATALOGS``.) A test that opens
+the ``store`` fixture gets a schema already migrated, emptied after an earlier test rather
+than made again (``StoreSchemas``). A test that ends
 server sessions gets a database of its own (``create_database``), and a test that must
 restart PostgreSQL gets a ``Cluster`` of its own: a throwaway data directory on another port,
 so nothing else running is disturbed.
@@ -31,8 +33,9 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import psycopg.errors
 
-__all__ = ["ADMIN_URL", "Cluster", "create_database", "create_schema", "drop_database",
-           "drop_schema", "problem", "terminate_sessions", "vacuum_catalogs", "with_database"]
+__all__ = ["ADMIN_URL", "Cluster", "StoreSchemas", "create_database", "create_schema",
+           "drop_database", "drop_schema", "problem", "terminate_sessions", "vacuum_catalogs",
+           "with_database"]
 
 ADMIN_URL = os.environ.get("POSTROOM_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 #: The database that holds the tests' schemas (created on first use, never dropped).
@@ -95,9 +98,8 @@ _drops = itertools.count(1)
 def drop_schema(url: str) -> None:
     """Drop the schema a ``create_schema`` URL points at, with everything in it (and now and
     then vacuum the catalogs it leaves dead rows in)."""
-    base, _, query = url.partition("?options=-csearch_path%3D")
-    with psycopg.connect(base, autocommit=True, connect_timeout=10) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{query}" CASCADE')
+    with psycopg.connect(_base(url), autocommit=True, connect_timeout=10) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{_schema(url)}" CASCADE')
         if next(_drops) % VACUUM_EVERY == 0:
             vacuum_catalogs(conn)
 
@@ -235,3 +237,131 @@ class Cluster:
         with contextlib.suppress(subprocess.CalledProcessError):
             self.stop("immediate")
         shutil.rmtree(self._root, ignore_errors=True)
+
+
+# -- stores' schemas, emptied and used again ---------------------------------------------------
+
+#: What a schema's catalog holds, to tell a store's schema as migrated from one a test changed:
+#: its relations, live columns and their types, constraints, functions, triggers and
+#: statistics (an ANALYZE would steer the next test's plans).
+_CATALOG_PRINT = """
+SELECT md5(coalesce((SELECT string_agg(c.relname || '.' || a.attname || ':' || a.atttypid::text
+                                       || c.relkind::text, ',' ORDER BY c.relname, a.attnum)
+                     FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
+                     WHERE c.relnamespace = n.oid AND a.attnum > 0 AND NOT a.attisdropped),
+                    '')),
+       (SELECT count(*) FROM pg_constraint WHERE connamespace = n.oid),
+       (SELECT count(*) FROM pg_proc WHERE pronamespace = n.oid),
+       (SELECT count(*) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+        WHERE c.relnamespace = n.oid),
+       (SELECT count(*) FROM pg_statistic s JOIN pg_class c ON c.oid = s.starelid
+        WHERE c.relnamespace = n.oid)
+FROM pg_namespace n WHERE n.nspname = %s
+"""
+
+
+class StoreSchemas:
+    """Schemas holding an empty store, migrated to the latest version, for the tests that open
+    one: a schema a test is done with is emptied and handed to the next, instead of being
+    dropped and migrated again (the migrations' DDL costs ~0.12 s and a drop ~0.05 s; emptying
+    ~0.01 s, over ~1,200 tests a run).
+
+    The first one is kept as the template: what migrating leaves in its tables (the schema's
+    version, the clock's rows, the fence floors) is copied back from it. A schema is taken back
+    only if its catalog still matches the template's, it was used fewer than ``MAX_USES``
+    times (emptied tables keep their dead rows, and autovacuum may be off), and it empties
+    within the lock timeout; any other is dropped.
+    """
+
+    MAX_USES = 25
+
+    def __init__(self, admin_url: str = ADMIN_URL) -> None:
+        self._admin_url = admin_url
+        self._free: list[str] = []
+        self._uses: dict[str, int] = {}
+        self._template: str | None = None
+        self._print: tuple[Any, ...] = ()
+        self._reset = ""
+
+    def take(self, label: str) -> str:
+        """The URL of a schema holding an empty, migrated store."""
+        if self._template is None:
+            self._template = self._migrated("template")
+            self._learn(self._template)
+        if self._free:
+            return self._free.pop()
+        url = self._migrated(label)
+        self._uses[url] = 0
+        return url
+
+    def give_back(self, url: str) -> None:
+        """Empty the schema for the next test, or drop it if it cannot be trusted to be as
+        migrated."""
+        self._uses[url] += 1
+        if self._uses[url] < self.MAX_USES and self._emptied(url):
+            self._free.append(url)
+            return
+        del self._uses[url]
+        drop_schema(url)
+
+    def close(self) -> None:
+        """Drop every schema, the template's too."""
+        for url in [*self._free, *([self._template] if self._template else [])]:
+            drop_schema(url)
+        self._free.clear()
+        self._template = None
+
+    def _migrated(self, label: str) -> str:
+        from postroom.db import Database, dialect_for_url
+
+        url = create_schema(label, self._admin_url)
+        database = Database(dialect_for_url(url))
+        try:
+            database.migrate("store")
+        finally:
+            database.close()
+        return url
+
+    def _learn(self, template: str) -> None:
+        schema = _schema(template)
+        with psycopg.connect(_base(template), autocommit=True) as conn:
+            self._print = _catalog_print(conn, schema)
+            tables = [name for (name,) in conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY tablename",
+                (schema,))]
+            seeded = [name for name in tables if conn.execute(
+                f'SELECT EXISTS (SELECT FROM "{schema}"."{name}")').fetchone() == (True,)]
+            sequences = [name for (name,) in conn.execute(
+                "SELECT sequencename FROM pg_sequences WHERE schemaname = %s", (schema,))]
+        # {0} is the schema to empty; the template's rows are put back into the seeded tables.
+        self._reset = "".join(
+            [f'DELETE FROM "{{0}}"."{name}";' for name in tables]
+            + [f'INSERT INTO "{{0}}"."{name}" SELECT * FROM "{schema}"."{name}";'
+               for name in seeded]
+            + [f"SELECT setval('\"{{0}}\".\"{name}\"', 1, false);" for name in sequences])
+
+    def _emptied(self, url: str) -> bool:
+        schema = _schema(url)
+        try:
+            with psycopg.connect(_base(url), connect_timeout=10) as conn:
+                if _catalog_print(conn, schema) != self._print:
+                    return False
+                conn.execute("SET LOCAL lock_timeout = '2s'")
+                conn.execute(self._reset.format(schema))
+            return True
+        except psycopg.Error:
+            return False
+
+
+def _base(url: str) -> str:
+    return url.partition("?options=-csearch_path%3D")[0]
+
+
+def _schema(url: str) -> str:
+    return url.partition("?options=-csearch_path%3D")[2]
+
+
+def _catalog_print(conn: psycopg.Connection[Any], schema: str) -> tuple[Any, ...]:
+    row = conn.execute(_CATALOG_PRINT, (schema,)).fetchone()
+    assert row is not None, schema
+    return tuple(row)

@@ -69,7 +69,7 @@ def test_an_accepted_signal_that_writes_no_continuation_is_reported(make_url, mo
         return None
 
     monkeypatch.setattr(waits, "_end", without_signal_continuation)
-    violation = first_violation(make_url, ops=400)
+    violation = first_violation(make_url, ops=400, operations=MOSTLY_WAITS)
     problems = " | ".join(violation.problems)
     assert "wait_continuations" in problems  # the operation's model
     assert "ended_wait_without_continuation" in problems  # the SPEC §8 audit
@@ -86,7 +86,7 @@ def test_a_replay_that_moves_the_time_high_water_is_reported(make_url, monkeypat
         return receipt
 
     monkeypatch.setattr(waits, "signal", leaky)
-    violation = first_violation(make_url, ops=400)
+    violation = first_violation(make_url, ops=400, operations=MOSTLY_WAITS)
     assert violation.operation.startswith("signal")
     assert any("time high-water is" in problem and "nothing written" in problem
                for problem in violation.problems)
@@ -100,7 +100,7 @@ def test_a_deadline_that_is_not_strict_is_reported(make_url, monkeypatch):
         return original(now=now - 1.0 if at_deadline else now, deadline=deadline, **rest)
 
     monkeypatch.setattr(transitions, "signal_wait", lenient)
-    violation = first_violation(make_url, ops=400)
+    violation = first_violation(make_url, ops=400, operations=MOSTLY_WAITS)
     assert violation.operation == "signal_at_deadline"
     problems = " | ".join(violation.problems)
     assert "expected too_late" in problems

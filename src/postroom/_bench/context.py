@@ -84,6 +84,8 @@ class Sizes:
     peer_tasks: int = 10_000
     peer_rounds: int = 3
     peers_optional: bool = False
+    #: Tasks postroom's processes run before its timed peer rounds (0: no warm-up round).
+    peer_warm_up: int = 100
     #: Tasks per round of the submit scenarios (in process, and over HTTP).
     http_tasks: int = 1_000
 
@@ -99,7 +101,8 @@ QUICK = Sizes(raw_commits=100, rounds=2, backlogs=(100, 1_000, 3_000), claim_cyc
               latency_tasks=50, commit_pages=(1, 6), build_batch=1_000,
               runtime_tasks=200, pg_runtime_tasks=200, io_tasks=16, rss_warm_up=300,
               rss_tasks=1_000, pg_rss_tasks=600, future_backlog=3_000, due_tasks=100,
-              peer_tasks=50, peer_rounds=1, peers_optional=True, http_tasks=50)
+              peer_tasks=50, peer_rounds=1, peers_optional=True, peer_warm_up=0,
+              http_tasks=50)
 
 
 class Target(Protocol):

@@ -369,7 +369,8 @@ def _run(ctx: Context, peers: list[tuple[str, Callable[[], _Peer]]],
             ctx.progress(f"peers: {postroom_name}, {workers} worker processes"
                          f"{' + a dispatcher' if deliver else ''}, {tasks:,} tasks x {rounds}")
             with _postroom(ctx, workers, deliver=deliver) as one:
-                one(min(tasks, 100))  # warm-up: the processes' statements and pages
+                if sizes.peer_warm_up:  # the processes' statements and pages
+                    one(min(tasks, sizes.peer_warm_up))
                 done = [one(tasks) for _ in range(rounds)]
             rows += _rows(postroom_name, ctx.target.backend, workers, tasks, done,
                           to="delivered" if deliver else "done")
