@@ -247,7 +247,11 @@ def consume(tx: Tx, task_id: str, effects: Sequence[CheckedEffect]) -> None:
     """Consume one approval use per side effect and record each effect with its use, for the
     task finishing in this transaction; ``NotApproved`` (the caller's transaction then
     writes nothing) for the first that has no usable approval."""
-    for number, effect in enumerate(effects, start=1):
+    if not effects:
+        return
+    before = tx.one("side_effects_numbered", task_id=task_id)
+    first = (int(before["n"]) if before is not None else 0) + 1
+    for number, effect in enumerate(effects, start=first):
         approval_id, used = _use(tx, effect)
         tx.change("side_effect_insert", task_id=task_id, number=number, action=effect.action,
                   resource=effect.resource, data=effect.data, data_digest=effect.data_digest,

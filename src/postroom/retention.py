@@ -95,6 +95,7 @@ def prune_once(tx: Tx, *, limit: int) -> tuple[int, int]:
         tx.change("prune_stream_positions", task_id=task_id)
         tx.change("prune_requeues", reply_id=reply_id_for(task_id))
         tx.change("prune_task_retries", task_id=task_id)
+        tx.change("prune_chain", task_id=task_id)
         tx.change("prune_reply", task_id=task_id)
         tx.change("prune_task", task_id=task_id)
     return len(rows), len(candidates)

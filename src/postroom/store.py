@@ -1148,7 +1148,8 @@ class Store:
         after each transaction that pruned some (``sweep_limit`` at most each). A pruned
         identity sent again is a new request, so a message stored at a stream position above
         the stream's watermark is kept: its source will send it again from the watermark,
-        and that must be a duplicate.
+        and that must be a duplicate. A chain's root is pruned after every other task of
+        its chain, and its chain with it.
         """
         pruned = 0
         limit = self._settings.sweep_limit
@@ -1158,7 +1159,8 @@ class Store:
             pruned += count
             if count and progress is not None:
                 progress(pruned)
-            if chosen < limit:
+            # A pass that pruned the last other tasks of a chain frees its root: one more.
+            if chosen < limit and not count:
                 return pruned
 
     def info(self) -> dict[str, Any]:

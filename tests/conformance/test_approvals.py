@@ -3,6 +3,8 @@ own transaction; no payload, signed body or signal is an approval."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 import postroom
@@ -10,7 +12,7 @@ from postroom import SideEffect, TaskState, approvals
 from postroom.audit import audit_url
 from postroom.db.database import Write
 from postroom.signing import new_secret, sign
-from tests.support import START, database_of, envelope, stored
+from tests.support import SETTINGS, START, database_of, envelope, stored
 
 ALICE = postroom.AuthContext(principal="alice", role="human")
 BOB = postroom.AuthContext(principal="bob", role="human")
@@ -80,6 +82,25 @@ def test_a_side_effect_consumes_its_approval_with_the_finish(store, claim):
             effect.use_number) == ("refund", "customer:17", REFUND, "refund-17", 1)
     assert store.approval("refund-17").uses == 1
     assert store.task(claim.task_id).state is TaskState.DONE
+
+
+def test_a_pruned_task_received_again_records_its_own_side_effects(db_url, make_url, clock,
+                                                                    auth):
+    settings = replace(SETTINGS, retention=60.0)
+    with postroom.open_store(db_url, clock=clock, settings=settings) as store, \
+            postroom.Receiver.open(make_url("receiver")) as receiver:
+        _grant(store, max_uses=2, expires_at=START + 3600)
+        uses = []
+        for _ in range(2):  # the same identity, pruned in between: a new request each time
+            task_id = store.receive(auth, envelope(deadline=START + 3600)).task_id
+            store.finish(store.claim("w"), "refunded", side_effects=[_refund()])
+            (effect,) = store.side_effects(task_id)
+            uses.append(effect.use_number)
+            store.dispatch(postroom.InProcessTransport(receiver))
+            clock.advance(61)
+            assert store.prune() == 1
+        assert uses == [1, 2] and store.approval("refund-17").uses == 2
+    assert audit_url(db_url) == []
 
 
 def test_a_single_use_approval_allows_one_side_effect(store, auth, claim):

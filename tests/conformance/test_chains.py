@@ -289,18 +289,47 @@ def test_a_re_run_of_a_follow_up_takes_its_place_in_the_chain(store, auth):
     assert (rerun.root_task_id, rerun.hops) == (root, child.hops)
 
 
-def test_a_re_run_of_a_follow_up_whose_parent_was_pruned_keeps_its_chain(
-        db_url, make_url, clock, auth):
+def _send_all(store, receiver):
+    while store.dispatch(postroom.InProcessTransport(receiver)).claimed:
+        pass
+
+
+@pytest.fixture
+def pruning(db_url, make_url, clock):
+    """A store that prunes what ended a minute ago, and the receiver its replies go to."""
     with postroom.open_store(db_url, clock=clock,
                              settings=replace(SETTINGS, retention=60.0)) as store, \
             postroom.Receiver.open(make_url("receiver")) as receiver:
-        root = store.receive(auth, envelope(deadline=START + 86_400)).task_id
-        [child] = _spawn(store, store.claim("w"), "child")
-        store.dispatch(postroom.InProcessTransport(receiver))  # the root's reply is sent
-        clock.advance(61)
-        store.fail(store.claim("w"), "broken", retryable=False)
-        assert store.prune() >= 1
-        with pytest.raises(postroom.NotFound):
-            store.task(root)
-        rerun = store.task(store.retry(child.task_id, operator="op", reason="fixed").new_task_id)
-        assert (rerun.root_task_id, rerun.hops) == (root, child.hops)
+        yield store, receiver
+
+
+def test_a_root_is_pruned_only_after_every_other_task_of_its_chain(pruning, clock, auth):
+    store, receiver = pruning
+    root = store.receive(auth, envelope(deadline=START + 86_400)).task_id
+    [child] = _spawn(store, store.claim("w"), "child")
+    store.fail(store.claim("w"), "broken", retryable=False)
+    _send_all(store, receiver)
+    rerun = store.task(store.retry(child.task_id, operator="op", reason="fixed").new_task_id)
+    assert (rerun.root_task_id, rerun.hops) == (root, child.hops)
+    clock.advance(61)
+    assert store.prune() == 1  # the failed child; the root waits for the re-run
+    assert store.task(root).state is TaskState.DONE
+    store.finish(store.claim("w"), "ok")
+    _send_all(store, receiver)
+    clock.advance(61)
+    assert store.prune() == 2  # the re-run, then the root
+    assert store.list_tasks().items == []
+
+
+def test_a_pruned_root_received_again_starts_a_chain_of_its_own(pruning, clock, auth):
+    store, receiver = pruning
+    root = store.receive(auth, envelope(deadline=START + 86_400)).task_id
+    _spawn(store, store.claim("w"), "child", charge=5)
+    store.finish(store.claim("w"), "ok")
+    _send_all(store, receiver)
+    clock.advance(61)
+    assert store.prune() == 2
+    again = store.receive(auth, envelope(deadline=START + 86_400))
+    chain = store.chain(again.task_id)
+    assert (again.task_id, again.duplicate) == (root, False)
+    assert (chain.tasks, chain.cost, chain.created_at) == (1, 0, clock.now())

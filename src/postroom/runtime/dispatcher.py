@@ -60,6 +60,7 @@ from postroom import (
     Receiver,
     ReplyClaim,
     Store,
+    Waiter,
 )
 from postroom import log as postroom_log
 from postroom.transports import deliver as deliver_batch
@@ -230,7 +231,11 @@ class Dispatcher:
         if self._receiver is None and self._webhooks is None:
             self._webhooks = Webhooks(timeouts=self.settings.timeouts,
                                       max_connections=self.settings.concurrency)
-        waker = threading.Thread(target=self._listen, name="dispatcher wake-ups", daemon=True)
+        # Listening starts before the first look for work: a reply that comes due after that
+        # look wakes the loop, however late the thread gets to run.
+        waiter = self.store.waiter((), replies=True)
+        waker = threading.Thread(target=self._listen, args=(waiter,),
+                                 name="dispatcher wake-ups", daemon=True)
         waker.start()
         pause = 0.0
         try:
@@ -427,9 +432,8 @@ class Dispatcher:
 
     # -- waking up ---------------------------------------------------------------------------
 
-    def _listen(self) -> None:
+    def _listen(self, waiter: Waiter) -> None:
         """The wake-up thread: stir the loop whenever the store says a reply may be due."""
-        waiter = self.store.waiter((), replies=True)
         while not self.stopping:
             try:
                 if waiter.wait(self.settings.poll):

@@ -205,13 +205,18 @@ def _check_spawn(step: Step, task_id: str, children: list[FollowUp], charge: int
 _FIXED = ("principal", "max_hops", "max_tasks", "max_cost", "created_at")
 
 
-def chains_never_go_back(before: Snapshot, after: Snapshot, _: Transition) -> Iterator[str]:
-    """A chain stays (chains are never pruned), its budgets never change, and what it has
-    spent (tasks admitted, cost charged) never goes back; a cancelled chain stays so."""
+def chains_never_go_back(before: Snapshot, after: Snapshot, step: Transition
+                         ) -> Iterator[str]:
+    """A chain stays until its root is pruned (the last of its tasks), its budgets never
+    change, and what it has spent (tasks admitted, cost charged) never goes back; a
+    cancelled chain stays so."""
     for root, row in _chains(before).items():
         now = _chains(after).get(root)
         if now is None:
-            yield f"chain {root} disappeared"
+            pruned = step.forgets and root not in after.tasks and not any(
+                task["root_task_id"] == root for task in after.tasks.values())
+            if not pruned:
+                yield f"chain {root} disappeared"
             continue
         if any(now[name] != row[name] for name in _FIXED):
             yield f"chain {root} changed its budgets from {row} to {now}"

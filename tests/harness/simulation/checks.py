@@ -98,7 +98,16 @@ KEEPERS: list[Callable[[Snapshot], Set[str]]] = []
 
 def prunable(snapshot: Snapshot, task_id: str, cutoff: float) -> bool:
     """Whether pruning at ``cutoff`` may forget ``task_id``: terminal, reply sent, old, at
-    no stream position above its stream's watermark, and needed by no component."""
+    no stream position above its stream's watermark, and needed by no component; a chain's
+    root only with every other task of its chain."""
+    if not _forgettable(snapshot, task_id, cutoff):
+        return False
+    return snapshot.tasks[task_id]["root_task_id"] != task_id or all(
+        _forgettable(snapshot, other, cutoff) for other, row in snapshot.tasks.items()
+        if row["root_task_id"] == task_id and other != task_id)
+
+
+def _forgettable(snapshot: Snapshot, task_id: str, cutoff: float) -> bool:
     row = snapshot.tasks[task_id]
     reply = snapshot.replies.get(reply_id_for(task_id))
     return (row["state"] in TERMINAL and reply is not None and reply["state"] == "sent"

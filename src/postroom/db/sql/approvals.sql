@@ -53,9 +53,17 @@ VALUES (:task_id, :number, :action, :resource, :data, :data_digest, :approval_id
 -- name: side_effects_of
 -- The side effects a task committed, in order, with who granted the approval each used (an
 -- outer join: an effect whose approval is missing still shows, for the audit to report).
+-- Those of an earlier task of the same identity, pruned since, are not this task's.
 SELECT side_effects.*, approvals.granted_by, approvals.granted_at FROM side_effects
 LEFT JOIN approvals ON approvals.approval_id = side_effects.approval_id
-WHERE side_effects.task_id = :task_id ORDER BY side_effects.number
+WHERE side_effects.task_id = :task_id
+  AND side_effects.created_at >= (SELECT created_at FROM tasks WHERE task_id = :task_id)
+ORDER BY side_effects.number
+
+-- name: side_effects_numbered
+-- How many side effects were ever recorded under a task id: an identity pruned and received
+-- again numbers its effects after those of the task it had before (kept for the audit).
+SELECT coalesce(max(number), 0) AS n FROM side_effects WHERE task_id = :task_id
 
 -- name: side_effects_by_approval
 -- The side effects that used an approval, in order of use (as ``side_effects_of``).

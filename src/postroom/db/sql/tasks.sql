@@ -212,6 +212,11 @@ WHERE inbox.received_at < :cutoff
                   AND streams.stream = stream_positions.stream
       WHERE stream_positions.task_id = inbox.task_id
         AND stream_positions.seq > streams.watermark)
+  -- A chain's root goes last, with its chain's row: an identity received again after that
+  -- is a new request, and starts a chain of its own.
+  AND NOT EXISTS (
+      SELECT 1 FROM tasks member
+      WHERE member.root_task_id = inbox.task_id AND member.task_id <> inbox.task_id)
 ORDER BY inbox.received_at
 LIMIT :limit
 {skip_locked}
@@ -371,6 +376,11 @@ SELECT * FROM task_retries WHERE task_id = :task_id AND request_id = :request_id
 -- name: task_retries_of
 -- The recorded re-runs of a task, oldest first.
 SELECT * FROM task_retries WHERE task_id = :task_id ORDER BY number
+
+-- name: prune_chain
+-- Forget the chain a pruned root started (the pruner takes a root only after every other
+-- task of its chain).
+DELETE FROM chains WHERE root_task_id = :task_id
 
 -- name: prune_task_retries
 -- Forget the re-run records of a pruned task (the new tasks stay, each its own).
