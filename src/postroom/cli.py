@@ -586,11 +586,7 @@ def schedule_list(store_url: str, as_json: bool) -> None:
 @_OPERATOR_OPTION
 def schedule_pause(name: str, store_url: str, operator: str) -> None:
     """Enqueue nothing for NAME until it is resumed."""
-    from postroom.store import open_store
-
-    with open_store(store_url, create=False) as store:
-        changed = store.pause_schedule(name, operator=operator)
-    click.echo(json.dumps({"name": name, "paused": True, "changed": changed}))
+    _switch_schedule(name, store_url, operator, paused=True)
 
 
 @schedule.command("resume")
@@ -599,11 +595,16 @@ def schedule_pause(name: str, store_url: str, operator: str) -> None:
 @_OPERATOR_OPTION
 def schedule_resume(name: str, store_url: str, operator: str) -> None:
     """Let NAME enqueue again; what its pause let pass is handled by its --missed policy."""
+    _switch_schedule(name, store_url, operator, paused=False)
+
+
+def _switch_schedule(name: str, store_url: str, operator: str, *, paused: bool) -> None:
     from postroom.store import open_store
 
     with open_store(store_url, create=False) as store:
-        changed = store.resume_schedule(name, operator=operator)
-    click.echo(json.dumps({"name": name, "paused": False, "changed": changed}))
+        switch = store.pause_schedule if paused else store.resume_schedule
+        changed = switch(name, operator=operator)
+    click.echo(json.dumps({"name": name, "paused": paused, "changed": changed}))
 
 
 @schedule.command("remove")
