@@ -19,9 +19,14 @@ def test_a_resume_that_lost_the_race_replays_though_the_parent_was_pruned_since(
     with postroom.open_store(pg_url, clock=clock, settings=settings) as store, \
             postroom.open_store(pg_url, clock=clock) as other, \
             postroom.Receiver.open(pg_urls("receiver")) as receiver:
-        parent = store.receive(auth, envelope("parent", deadline=START + DAY)).task_id
+        # The parent is not its chain's root (a root is pruned only after its chain).
+        root = store.receive(auth, envelope("root", deadline=START + DAY)).task_id
         store.finish(store.claim("w"), None)
-        store.dispatch(postroom.InProcessTransport(receiver))
+        parent = store.receive(auth, envelope("parent", deadline=START + DAY,
+                                              parent_task_id=root)).task_id
+        store.finish(store.claim("w"), None)
+        while store.dispatch(postroom.InProcessTransport(receiver)).claimed:
+            pass
         store.open_wait("flow", "answer", 0, START + DAY, task_id=parent)
         store.signal(auth, "e-1", "flow", "answer", 1, {"ok": True})
         clock.advance(61)
