@@ -24,7 +24,7 @@ import pytest
 import postroom
 from postroom import faults
 from tests import pg
-from tests.support import SETTINGS, START
+from tests.support import SETTINGS, START, migrate_store
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own tmp_path factory reads the option
@@ -127,16 +127,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 @functools.cache
 def _migrated_sqlite_file() -> str:
     """A SQLite file holding an empty store at the latest version, made once per process."""
-    from postroom.db import Database, dialect_for_url
-
     path = Path(tempfile.mkdtemp(prefix="postroom-template-",
                                  dir=MEMORY_FOLDER if _memory_folder_usable() else None))
-    url = f"sqlite:///{path / 'store.db'}"
-    database = Database(dialect_for_url(url))
-    try:
-        database.migrate("store")
-    finally:
-        database.close()
+    migrate_store(f"sqlite:///{path / 'store.db'}")
     assert not (path / "store.db-wal").exists()  # everything is in the one file
     atexit.register(shutil.rmtree, path, ignore_errors=True)
     return str(path / "store.db")

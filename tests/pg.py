@@ -312,14 +312,10 @@ class StoreSchemas:
         self._template = None
 
     def _migrated(self, label: str) -> str:
-        from postroom.db import Database, dialect_for_url
+        from tests.support import migrate_store  # it imports postroom; this module does not
 
         url = create_schema(label, self._admin_url)
-        database = Database(dialect_for_url(url))
-        try:
-            database.migrate("store")
-        finally:
-            database.close()
+        migrate_store(url)
         return url
 
     def _learn(self, template: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import postroom
-from postroom.db import Database, Tx
+from postroom.db import Database, Tx, dialect_for_url
 from postroom.db.database import Write
 
 #: The manual clock's starting time in every test.
@@ -101,3 +101,12 @@ def drop_chain_row(store: postroom.Store, root_task_id: str) -> None:
     reports it): its tasks' stories then have no chain."""
     database_of(store).write(Write("corrupt"), lambda tx: tx.execute(
         "DELETE FROM chains WHERE root_task_id = :root", {"root": root_task_id}))
+
+
+def migrate_store(url: str) -> None:
+    """Create the store's schema at ``url`` at the latest version, opening nothing else."""
+    database = Database(dialect_for_url(url))
+    try:
+        database.migrate("store")
+    finally:
+        database.close()
