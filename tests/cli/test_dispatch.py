@@ -187,11 +187,11 @@ def test_a_second_signal_ends_it_at_once_and_leases_recover_what_it_held(
         added = live_store.add_endpoint("planner", url, allow_private=True, concurrency=2)
         app = ReceiverApp(receiver, [added.secrets[0].secret])
         switch.app = stuck
-        # The deliveries on the wire outlast the test's two signals by far (a 10 s timeout,
+        # The deliveries on the wire outlast the test's two signals by far (a 5 s timeout,
         # never answered): the first stop waits for them, so nothing is handed back before
-        # the second signal ends the process.
-        with dispatcher(db_url, "--log-level", "info", "--timeout", "10",
-                        "--lease", "15") as first:
+        # the second signal ends the process. The lease is the shortest that covers them.
+        with dispatcher(db_url, "--log-level", "info", "--timeout", "5",
+                        "--lease", "9") as first:
             # On the wire, not merely claimed: a claim still waiting for its turn is handed
             # back by the first stop.
             until(lambda: len(arrived) >= 2)
