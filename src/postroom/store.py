@@ -112,6 +112,10 @@ __all__ = ["Store", "open_store"]
 
 
 
+#: What recording a batch of delivery outcomes made: counts by state, the fenced, the claims.
+_Recorded = tuple[dict[ReplyState, int], list[str], list[ReplyClaim]]
+
+
 class Store:
     """Tasks, replies and their durable evidence in one database.
 
@@ -701,6 +705,26 @@ class Store:
 
     def record_deliveries(self, pairs: Iterable[tuple[ReplyClaim, Outcome]]) -> DispatchReport:
         """Record several outcomes in one transaction; fenced ones are reported, not raised."""
+        return self._record(pairs, None)[0]
+
+    def record_and_claim(self, pairs: Iterable[tuple[ReplyClaim, Outcome]], owner: str, *,
+                         limit: int = 1, lease: float | None = None, routed: bool = False,
+                         ) -> tuple[DispatchReport, list[ReplyClaim]]:
+        """``record_deliveries(pairs)`` and ``claim_replies(owner, ...)`` in one transaction:
+        a busy dispatcher records what it delivered and takes the next replies with one
+        commit. Both halves are exactly what the two calls would do (each outcome fenced on
+        its own claim, the claims swept and leased), returned once the transaction committed.
+        """
+        check_text(owner, "owner", max_bytes=self._settings.limits.text_bytes)
+        check_limit(limit)
+        check_bool(routed, "routed")
+        seconds = self._lease(lease, self._settings.dispatch_lease)
+        return self._record(pairs, lambda tx: outbox.claim_replies(
+            tx, self._settings, owner=owner, limit=limit, lease=seconds, routed=routed))
+
+    def _record(self, pairs: Iterable[tuple[ReplyClaim, Outcome]],
+                then: Callable[[Tx], list[ReplyClaim]] | None,
+                ) -> tuple[DispatchReport, list[ReplyClaim]]:
         checked = []
         for index, item in enumerate(check_batch(pairs, "pairs")):
             claim, outcome = check_pair(item, f"pairs[{index}]")
@@ -708,14 +732,13 @@ class Store:
                             _indexed(index, check_outcome, outcome, prefix="pairs")))
         items = [(claim, outcome, self._retry_delay(claim, outcome))
                  for claim, outcome in checked]
-
-        def bulk(tx: Tx) -> tuple[dict[ReplyState, int], list[str]]:
+        def bulk(tx: Tx) -> _Recorded:
             counts = dict.fromkeys(ReplyState, 0)
             for state in outbox.record_all(tx, items):
                 counts[state] += 1
-            return counts, []
+            return counts, [], then(tx) if then is not None else []
 
-        def each(tx: Tx) -> tuple[dict[ReplyState, int], list[str]]:
+        def each(tx: Tx) -> _Recorded:
             counts = dict.fromkeys(ReplyState, 0)
             fenced: list[str] = []
             for claim, outcome, delay in items:
@@ -723,12 +746,12 @@ class Store:
                     counts[outbox.record(tx, claim, outcome, delay=delay)] += 1
                 except Fenced:
                     fenced.append(claim.reply_id)
-            return counts, fenced
+            return counts, fenced, then(tx) if then is not None else []
 
-        counts, fenced = self._db.write_batch(outbox.DISPATCH_RECORD, bulk, each)
+        counts, fenced, claims = self._db.write_batch(outbox.DISPATCH_RECORD, bulk, each)
         return DispatchReport(claimed=len(items), sent=counts[ReplyState.SENT],
                               retrying=counts[ReplyState.PENDING],
-                              dead=counts[ReplyState.DEAD], fenced=fenced)
+                              dead=counts[ReplyState.DEAD], fenced=fenced), claims
 
     def dispatch(self, transport: Transport, *, owner: str = "dispatcher", limit: int = 1,
                  lease: float | None = None) -> DispatchReport:

@@ -52,6 +52,8 @@ REPLY_CALLS: dict[str, Callable[[postroom.Store, postroom.ReplyClaim], object]] 
     "record_delivery": lambda store, claim: store.record_delivery(claim, Outcome.delivered()),
     "record_deliveries": lambda store, claim: store.record_deliveries(
         [(claim, Outcome.delivered())]),
+    "record_and_claim": lambda store, claim: store.record_and_claim(
+        [(claim, Outcome.delivered())], "forger"),
 }
 
 #: A claim's fields given another value of the right type, and how each is altered.

@@ -165,6 +165,44 @@ def test_record_deliveries_reports_a_stale_claim_and_records_the_others(store, a
     assert states == [ReplyState.SENT, ReplyState.PENDING, ReplyState.SENT]
 
 
+def test_record_and_claim_records_the_outcomes_and_claims_the_next_replies_together(
+        store, auth):
+    store.receive_atomic(auth, [envelope(f"m-{i}") for i in range(4)])
+    store.finish_batch([(claim, None) for claim in store.claim_batch("w", 4)])
+    first = store.claim_replies("p", limit=2)
+    report, taken = store.record_and_claim([(first[0], Outcome.delivered()),
+                                            (first[1], Outcome.transient("timeout"))],
+                                           "p", limit=5)
+    assert (report.claimed, report.sent, report.retrying, report.fenced) == (2, 1, 1, [])
+    assert [store.reply(claim.task_id).state for claim in first] == [ReplyState.SENT,
+                                                                     ReplyState.PENDING]
+    # The one retrying waits out its backoff; the two never claimed are claimed now.
+    others = {claim.task_id for claim in first}
+    assert len(taken) == 2 and not {claim.task_id for claim in taken} & others
+    assert all(store.reply(claim.task_id).state is ReplyState.SENDING for claim in taken)
+
+
+def test_record_and_claim_reports_a_stale_claim_and_still_claims(store, auth, clock):
+    acks = store.receive_atomic(auth, [envelope(f"m-{i}") for i in range(2)])
+    store.finish_batch([(claim, None) for claim in store.claim_batch("w", 2)])
+    stale = store.claim_replies("p1")[0]
+    clock.advance(store.settings.dispatch_lease)
+    current = store.claim_replies("p2")[0]
+    report, taken = store.record_and_claim([(stale, Outcome.delivered())], "p1", limit=5)
+    assert report.fenced == [stale.reply_id] and report.sent == 0
+    assert store.reply(current.task_id).owner == "p2"
+    # The stale outcome is not recorded, and the claim half takes the reply p2 does not hold.
+    assert [claim.task_id for claim in taken] == [ack.task_id for ack in acks
+                                                   if ack.task_id != current.task_id]
+
+
+def test_record_and_claim_refuses_a_bad_limit_naming_it_and_writes_nothing(store, done_task):
+    claim = store.claim_replies("p")[0]
+    with pytest.raises(postroom.InvalidInput, match="limit"):
+        store.record_and_claim([(claim, Outcome.delivered())], "p", limit=0)
+    assert store.reply(done_task).state is ReplyState.SENDING
+
+
 def test_an_expired_sending_lease_returns_the_reply_to_pending(store, done_task, clock):
     store.claim_replies("p1")
     clock.advance(store.settings.dispatch_lease)

@@ -258,15 +258,28 @@ class Dispatcher:
                 await self._webhooks.aclose()
 
     async def _step(self) -> bool:
-        """Record what finished, claim what there is room for; whether it claimed any."""
-        await self._flush()
-        room = 2 * self.settings.concurrency - self._held
+        """Record what finished and claim what there is room for, in one transaction when
+        there is both (each outcome still fenced on its own claim); whether it claimed any."""
+        done, self._done = self._done, []
+        room = 2 * self.settings.concurrency - self._held + len(done)
         if room <= 0 or self.stopping:
+            self._done[:0] = done
+            await self._flush()
             return False
-        claims = await asyncio.to_thread(
-            self.store.claim_replies, self.settings.owner,
-            limit=min(self.settings.batch, room), lease=self._lease,
-            routed=self._receiver is None)
+        limit, routed = min(self.settings.batch, room), self._receiver is None
+        if done:
+            try:
+                report, claims = await asyncio.to_thread(
+                    self.store.record_and_claim, done, self.settings.owner, limit=limit,
+                    lease=self._lease, routed=routed)
+            except BaseException:
+                self._done[:0] = done  # recorded by a later step
+                raise
+            self._recorded(done, report)
+        else:
+            claims = await asyncio.to_thread(self.store.claim_replies, self.settings.owner,
+                                             limit=limit, lease=self._lease, routed=routed)
+        await self._release()  # what was set aside meanwhile
         if not claims:
             return False
         self._held += len(claims)
@@ -391,26 +404,34 @@ class Dispatcher:
             except BaseException:
                 self._done[:0] = done  # recorded by a later flush
                 raise
-            self._held -= len(done)
-            recorded = time.monotonic()
-            for claim, outcome in done:
-                lane = self._lanes.get(claim.requester or "")
-                if outcome.kind is OutcomeKind.GONE and lane is not None:
-                    lane.gone_recorded = min(lane.gone_recorded, recorded)
-            self.report = DispatchReport(
-                claimed=self.report.claimed + report.claimed,
-                sent=self.report.sent + report.sent, retrying=self.report.retrying
-                + report.retrying, dead=self.report.dead + report.dead,
-                fenced=[*self.report.fenced, *report.fenced][-100:])
-            for reply_id in report.fenced:
-                postroom_log.event(_log, logging.INFO, "delivery outcome fenced",
-                                   reply_id=reply_id, owner=self.settings.owner)
+            self._recorded(done, report)
+        await self._release()
+
+    async def _release(self) -> None:
+        """Hand back the claims set aside to be handed back."""
         while self._handed_back:
             delay, claims = next(iter(self._handed_back.items()))
             await asyncio.to_thread(self.store.release_replies, claims, delay=delay)
             del self._handed_back[delay]
             self._held -= len(claims)
             self.released += len(claims)
+
+    def _recorded(self, done: list[tuple[ReplyClaim, Outcome]], report: DispatchReport) -> None:
+        """Account for ``done``, recorded with ``report``: their claims are no longer held."""
+        self._held -= len(done)
+        recorded = time.monotonic()
+        for claim, outcome in done:
+            lane = self._lanes.get(claim.requester or "")
+            if outcome.kind is OutcomeKind.GONE and lane is not None:
+                lane.gone_recorded = min(lane.gone_recorded, recorded)
+        self.report = DispatchReport(
+            claimed=self.report.claimed + report.claimed,
+            sent=self.report.sent + report.sent, retrying=self.report.retrying
+            + report.retrying, dead=self.report.dead + report.dead,
+            fenced=[*self.report.fenced, *report.fenced][-100:])
+        for reply_id in report.fenced:
+            postroom_log.event(_log, logging.INFO, "delivery outcome fenced",
+                               reply_id=reply_id, owner=self.settings.owner)
 
     async def _finish(self) -> None:
         """Stop: let what is on the wire finish, hand back the rest, record it all."""
