@@ -43,9 +43,11 @@ STEPS = ("receive", "claim", "finish", "dispatch_claim", "receiver", "dispatch_r
 #: What each step of a one-at-a-time task costs, on each backend.
 STEP_ROWS = {f"steps.sqlite.{step}" for step in STEPS}
 PG_STEP_ROWS = {f"steps.postgres.{step}" for step in STEPS}
-#: Submit in process and over HTTP, one at a time, on each backend.
-HTTP_ROWS = {"http.sqlite.receive", "http.sqlite.submit"}
-PG_HTTP_ROWS = {"http.postgres.receive", "http.postgres.submit"}
+#: Submit in process and over HTTP, one at a time, on each backend, and where the HTTP
+#: submission's time goes (an empty request, authentication alone, a lighter client).
+HTTP_KINDS = ("receive", "submit", "healthz", "whoami", "submit_stdlib")
+HTTP_ROWS = {f"http.sqlite.{kind}" for kind in HTTP_KINDS}
+PG_HTTP_ROWS = {f"http.postgres.{kind}" for kind in HTTP_KINDS}
 
 
 def _peer_rows(system: str, *, delivered: bool = False) -> set[str]:

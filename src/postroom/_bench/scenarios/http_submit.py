@@ -7,10 +7,18 @@ process started with its defaults, as a client on another host would; each answe
 tasks per round, after an untimed warm-up; each round's ratio is to the raw loop around it,
 and the bar divides the two ratios (the issue's bar: HTTP >= 0.5x in process). Afterwards
 each database must hold exactly the tasks sent and audit clean.
+
+Where an HTTP submission's time goes, measured beside it against the same server: the same
+client asking ``GET /healthz`` (the whole HTTP path and its worker-thread hop, no store call)
+and ``GET /v1/me`` (that plus authenticating the token: one indexed read), and the same
+``POST /v1/tasks`` sent by the standard library's ``http.client`` (a client that costs far
+less per request than httpx, so the server's share shows).
 """
 
 from __future__ import annotations
 
+import http.client
+import json
 import socket
 import time
 from collections.abc import Callable
@@ -58,6 +66,39 @@ def _over_http(client: object, sent: Numbers, tasks: int) -> Callable[[], int]:
     return round_
 
 
+def _asking(client: object, path: str, tasks: int) -> Callable[[], int]:
+    import httpx
+
+    assert isinstance(client, httpx.Client)
+
+    def round_() -> int:
+        for _ in range(tasks):
+            answer = client.get(path)
+            if answer.status_code != 200:
+                raise BenchError(f"GET {path} answered {answer.status_code}: "
+                                 f"{answer.text[:300]}")
+        return tasks
+    return round_
+
+
+def _over_stdlib(port: int, token: str, sent: Numbers, tasks: int) -> Callable[[], int]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30.0)
+    headers = {"authorization": f"Bearer {token}", "content-type": "application/json"}
+
+    def round_() -> int:
+        deadline = time.time() + _DAY
+        for n in sent.take(tasks):
+            body = json.dumps({"message_id": f"m-{n}", "payload": {"n": n},
+                               "deadline": deadline}).encode()
+            connection.request("POST", "/v1/tasks", body=body, headers=headers)
+            answer = connection.getresponse()
+            text = answer.read()
+            if answer.status != 202:
+                raise BenchError(f"POST /v1/tasks answered {answer.status}: {text[:300]!r}")
+        return tasks
+    return round_
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -100,6 +141,13 @@ def run(ctx: Context) -> list[Measurement]:
             remote = _over_http(client, sent, tasks)
             remote()  # warm-up: the connection, the server's statements
             remote_rounds = ctx.timed_rounds(remote)
+            empty, whoami = _asking(client, "/healthz", tasks), _asking(client, "/v1/me", tasks)
+            empty()
+            empty_rounds = ctx.timed_rounds(empty)
+            whoami_rounds = ctx.timed_rounds(whoami)
+        stdlib = _over_stdlib(port, token, sent, tasks)
+        stdlib()
+        stdlib_rounds = ctx.timed_rounds(stdlib)
     with postroom.open_store(url) as store:
         _check(store, sent, "over HTTP")
 
@@ -112,4 +160,14 @@ def run(ctx: Context) -> list[Measurement]:
         Measurement(id=f"http.{backend}.submit", backend=backend, unit="tasks/s",
                     label="`POST /v1/tasks` to `postroom serve`, one at a time",
                     rounds=remote_rounds, details=details),
+        Measurement(id=f"http.{backend}.healthz", backend=backend, unit="requests/s",
+                    label="`GET /healthz` (no store call), the same client",
+                    rounds=empty_rounds, details=details),
+        Measurement(id=f"http.{backend}.whoami", backend=backend, unit="requests/s",
+                    label="`GET /v1/me` (authentication only), the same client",
+                    rounds=whoami_rounds, details=details),
+        Measurement(id=f"http.{backend}.submit_stdlib", backend=backend, unit="tasks/s",
+                    label="`POST /v1/tasks`, sent with `http.client` (stdlib)",
+                    rounds=stdlib_rounds,
+                    details={**details, "client": "http.client, one keep-alive connection"}),
     ]
