@@ -39,6 +39,7 @@ from postroom.errors import (
     StoreUnavailable,
     TransientDeliveryError,
     Unauthorized,
+    Unconfirmed,
     WaitNotOpened,
 )
 from postroom.models import (
@@ -193,6 +194,7 @@ __all__ = [
     "TransientDeliveryError",
     "Transport",
     "Unauthorized",
+    "Unconfirmed",
     "Wait",
     "WaitNotOpened",
     "WaitOpening",

@@ -4,6 +4,7 @@ Every error postroom raises on purpose is a ``PostroomError``::
 
     PostroomError
     ├── Unauthorized            (also PermissionError)  the principal may not do this
+    │   ├── Unconfirmed                                 a confirmed token no longer authenticates
     │   ├── BadSignature                                a webhook's signature or timestamp fails
     │   └── NotApproved                                 a side effect has no usable approval
     ├── InvalidInput            (also ValueError)       refused before any write; names the field
@@ -54,6 +55,7 @@ __all__ = [
     "StoreUnavailable",
     "TransientDeliveryError",
     "Unauthorized",
+    "Unconfirmed",
     "WaitNotOpened",
 ]
 
@@ -64,6 +66,11 @@ class PostroomError(Exception):
 
 class Unauthorized(PostroomError, PermissionError):
     """The authenticated principal is not an allowed source, or does not match the sender."""
+
+
+class Unconfirmed(Unauthorized):
+    """A token that ``Store.confirming`` was to confirm no longer authenticates its principal
+    (revoked, rotated out or expired): the transaction was rolled back."""
 
 
 class BadSignature(Unauthorized):

@@ -223,9 +223,10 @@ def rotate(tx: Tx, name: str, *, overlap: float) -> Issued:
     return _issue(tx, principal)
 
 
-def authenticate(tx: Tx, token: object) -> Principal:
-    """The active principal ``token`` belongs to; ``Unauthorized`` (always the same message)
-    if it belongs to none, ended, or its principal is revoked."""
+def authenticate(tx: Tx, token: object, *, now: float | None = None) -> Principal:
+    """The active principal ``token`` belongs to at ``now`` (default: the transaction's
+    time); ``Unauthorized`` (always the same message) if it belongs to none, ended, or its
+    principal is revoked."""
     match = _TOKEN.match(token) if isinstance(token, str) else None
     if match is None:
         raise Unauthorized(_REFUSED)
@@ -236,7 +237,8 @@ def authenticate(tx: Tx, token: object) -> Principal:
     same = hmac.compare_digest(presented, stored)
     if row is None or not same or row["revoked_at"] is not None:
         raise Unauthorized(_REFUSED)
-    if row["expires_at"] is not None and float(row["expires_at"]) <= tx.now:
+    if row["expires_at"] is not None and float(row["expires_at"]) <= (
+            tx.now if now is None else now):
         raise Unauthorized(_REFUSED)
     return Principal.from_row(row)
 

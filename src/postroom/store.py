@@ -8,8 +8,9 @@ short: nothing slow (a handler, a network call) ever runs inside a transaction.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import Any
 
 from postroom import (
@@ -31,7 +32,7 @@ from postroom import (
     waits,
 )
 from postroom.audit import Violation
-from postroom.clock import Clock
+from postroom.clock import Clock, finite_time
 from postroom.db.database import Database, Tx
 from postroom.db.wakeups import REPLIES_CHANNEL, Waiter
 from postroom.endpoints import DEFAULT_CONCURRENCY
@@ -41,6 +42,7 @@ from postroom.errors import (
     InvalidInput,
     SchemaError,
     Unauthorized,
+    Unconfirmed,
 )
 from postroom.models import (
     Ack,
@@ -108,7 +110,15 @@ from postroom.validation import (
     follow_up_principal,
 )
 
-__all__ = ["Store", "open_store"]
+__all__ = ["Confirmed", "Store", "open_store"]
+
+
+@dataclass(slots=True)
+class Confirmed:
+    """What a ``Store.confirming`` block confirmed: how many of its transactions confirmed
+    the token (none: the block made no transaction, and confirmed nothing)."""
+
+    transactions: int = 0
 
 
 
@@ -899,6 +909,33 @@ class Store:
             return principals.authenticate(tx, token)
 
         return self._db.read(read)
+
+    @contextmanager
+    def confirming(self, token: str, principal: principals.Principal) -> Iterator[Confirmed]:
+        """Within the block, every transaction this thread runs on the store first confirms
+        that ``token`` still authenticates as ``principal`` (one indexed read in the same
+        transaction): once the token is revoked, rotated out or expired, a call writes and
+        reads nothing and raises ``Unconfirmed``.
+
+        A service that keeps the principals of tokens it has seen can skip ``authenticate``'s
+        transaction and stay exactly as strict. The ``Confirmed`` it yields counts the
+        transactions that confirmed the token: a block that ran none confirmed nothing.
+        """
+        confirmed = Confirmed()
+
+        def confirm(tx: Tx) -> None:
+            # A transaction that decides nothing by time has no time of its own (0).
+            now = tx.now or finite_time(self._db.clock.now())
+            try:
+                current = principals.authenticate(tx, token, now=now)
+            except Unauthorized:
+                raise Unconfirmed("the token no longer authenticates its principal") from None
+            if current != principal:
+                raise Unconfirmed("the token authenticates another principal")
+            confirmed.transactions += 1
+
+        with self._db.checking(confirm):
+            yield confirmed
 
     # -- waiting for work -----------------------------------------------------------------------
 

@@ -329,6 +329,48 @@ def test_a_missing_or_bad_token_is_one_401(service):
     assert answers[0].headers["www-authenticate"].startswith("Bearer")
 
 
+def _tasks_of(service, principal: str) -> int:
+    return len(service.store.list_tasks(principal=principal).items)
+
+
+def test_a_token_revoked_after_its_first_use_is_refused_next_and_stores_nothing(service):
+    with service.http("alice") as http:
+        assert submit(http, "m-1").status_code == 202
+        service.store.revoke_principal("alice")
+        refused = submit(http, "m-2")
+    assert refused.status_code == 401 and refused.json()["type"] == "/problems/unauthenticated"
+    assert _tasks_of(service, "alice") == 1
+
+
+def test_a_token_rotated_out_after_its_first_use_is_refused_on_a_read(service):
+    with service.http("alice") as http:
+        answer = submit(http)
+        service.store.rotate_token("alice")
+        refused = http.get(answer.headers["location"])
+    assert refused.status_code == 401
+
+
+def test_a_revoked_token_is_refused_where_its_call_reads_nothing(service):
+    with service.http("alice") as http:
+        assert http.get("/v1/me").status_code == 200
+        assert http.post("/v1/claims", json={}).status_code == 403
+        service.store.revoke_principal("alice")
+        answers = [http.get("/v1/me"), http.post("/v1/claims", json={}),
+                   http.post("/v1/tasks", json={"message_id": 5})]
+    assert [answer.status_code for answer in answers] == [401, 401, 401]
+
+
+def test_a_batch_under_a_token_revoked_after_its_first_use_is_refused_and_stores_nothing(
+        service):
+    with service.http("alice") as http:
+        assert submit(http, "m-1").status_code == 202
+        service.store.revoke_principal("alice")
+        refused = http.post("/v1/batches", json={"envelopes": [
+            {"message_id": "m-2", "payload": {}, "deadline": DEADLINE}]})
+    assert refused.status_code == 401
+    assert _tasks_of(service, "alice") == 1
+
+
 def test_health_readiness_and_the_openapi_document_need_no_token(service):
     with httpx.Client(base_url=service.url) as http:
         health, ready = http.get("/healthz"), http.get("/readyz")

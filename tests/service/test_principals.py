@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import postroom
-from tests.support import database_of
+from tests.support import database_of, envelope
 
 
 def test_a_new_principal_gets_a_token_that_authenticates_it(store):
@@ -103,3 +103,33 @@ def test_waits_are_listed_by_their_responder(store, clock):
     rest = store.list_waits(responder="hana", limit=1, cursor=page.next_cursor)
     assert [wait.flow for wait in page.items + rest.items] == ["f1", "f3"]
     assert rest.next_cursor is None
+
+
+def test_confirming_counts_each_transaction_that_confirmed_the_token(store, auth):
+    issued = store.add_principal("alice", "agent")
+    principal = store.authenticate(issued.token)
+    with store.confirming(issued.token, principal) as confirmed:
+        assert confirmed.transactions == 0
+        store.paused_queues()
+        store.authenticate(issued.token)
+    assert confirmed.transactions == 2
+
+
+def test_under_confirming_a_revoked_tokens_write_is_unconfirmed_and_writes_nothing(store, auth):
+    issued = store.add_principal("alice", "agent")
+    principal = store.authenticate(issued.token)
+    store.revoke_principal("alice")
+    with store.confirming(issued.token, principal), pytest.raises(postroom.Unconfirmed):
+        store.receive(auth, envelope("m-1"))
+    assert sum(store.info()["tasks"].values()) == 0
+
+
+def test_confirming_refuses_a_token_that_ended_by_the_stores_clock(store, clock):
+    old = store.add_principal("alice", "agent")
+    principal = store.authenticate(old.token)
+    store.rotate_token("alice", overlap=10)
+    with store.confirming(old.token, principal):
+        store.paused_queues()
+        clock.advance(11)
+        with pytest.raises(postroom.Unconfirmed):
+            store.paused_queues()

@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from postroom import faults, log
@@ -242,6 +243,11 @@ class Tx:
             self.events.append((logger, level, message, fields))
 
 
+#: The checks ``Database.checking`` asks every transaction of this context to pass first.
+_CHECKS: ContextVar[tuple[Callable[[Tx], None], ...]] = ContextVar("postroom_checks",
+                                                                  default=())
+
+
 class Database:
     """A dialect plus the transaction discipline every postroom component shares."""
 
@@ -349,12 +355,27 @@ class Database:
         """
         return self._retrying(self.reading, work)
 
+    @contextmanager
+    def checking(self, check: Callable[[Tx], None]) -> Iterator[None]:
+        """Within the block, every ``read``, ``write`` and ``write_if`` this context runs calls
+        ``check(tx)`` first, in its own transaction: if ``check`` raises, the transaction rolls
+        back, its work never runs, and the error propagates. Checks nest: the inner runs last.
+        """
+        outer = _CHECKS.get()
+        token = _CHECKS.set((*outer, check))
+        try:
+            yield
+        finally:
+            _CHECKS.reset(token)
+
     def _retrying(self, begin: Callable[[], AbstractContextManager[Tx]],
                   work: Callable[[Tx], T]) -> T:
         attempt = 0
         while True:
             try:
                 with begin() as tx:
+                    for check in _CHECKS.get():
+                        check(tx)
                     return work(tx)
             except StoreUnavailable as exc:
                 delay = self.dialect.retry_delay(exc, attempt)

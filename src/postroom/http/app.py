@@ -34,6 +34,7 @@ from starlette.routing import Route as StarletteRoute
 import postroom
 from postroom import Role, Store
 from postroom.http import api
+from postroom.http.auth import Principals
 from postroom.http.problems import NOT_FOUND, Problem
 from postroom.http.routing import (
     Guard,
@@ -162,8 +163,9 @@ def create_app(store: Store, *, limits: Limits | None = None,
         return problem_response(Problem(405, "method-not-allowed", "Method not allowed",
                                         f"{request.method} is not served here"))
 
+    known = Principals()
     served: list[BaseRoute] = [StarletteRoute(route.path, endpoint(route, store, limits,
-                                                                   observe),
+                                                                   observe, known=known),
                                               methods=[route.method], name=route.name)
                                for route in routes]
     served.append(StarletteRoute("/openapi.json", openapi_json, methods=["GET"],

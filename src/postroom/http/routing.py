@@ -8,7 +8,10 @@ A request to a ``Route`` goes, in order:
    refused with 413 from its ``Content-Length``, or as soon as more arrives while streaming,
    before anything parses it; the whole request must be answered within ``timeout``;
 2. authentication (``postroom.http.auth``): unless the route is public, the bearer token
-   must belong to an active principal whose role the route admits (401, 403);
+   must belong to an active principal whose role the route admits (401, 403). A token seen
+   before is not read again on its own: the call runs under ``Store.confirming``, so each of
+   its transactions confirms the token first, and an answer no transaction confirmed (a
+   refusal before the store, a call that needs none) is confirmed by one read;
 3. the query parameters and the JSON body are parsed and checked against the route's
    declared schemas (400 naming the field);
 4. the handler runs in a worker thread (the store is synchronous) and its ``Answer`` is
@@ -35,9 +38,18 @@ import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import Response
 
-from postroom import InvalidInput, PostroomError, Principal, Role, Store
+from postroom import (
+    BatchFailed,
+    InvalidInput,
+    PostroomError,
+    Principal,
+    Role,
+    Store,
+    Unauthorized,
+    Unconfirmed,
+)
 from postroom.http import schemas
-from postroom.http.auth import Caller, authenticate
+from postroom.http.auth import UNAUTHENTICATED, Caller, Principals, bearer
 from postroom.http.problems import CONTENT_TYPE, Problem, problem_for
 from postroom.validation import is_decimal
 
@@ -230,12 +242,15 @@ Observer = Callable[[Route, "Answer | PostroomError"], None]
 
 
 def endpoint(route: Route, store: Store, limits: Limits,
-             observe: Observer | None = None) -> Callable[[Request], Any]:
-    """The Starlette endpoint that serves ``route``."""
+             observe: Observer | None = None, *,
+             known: Principals | None = None) -> Callable[[Request], Any]:
+    """The Starlette endpoint that serves ``route``; ``known`` is the principals of tokens
+    already seen, shared by the app's endpoints (``create_app`` makes one)."""
+    known = known if known is not None else Principals()
 
     async def serve(request: Request) -> Response:
         try:
-            answer = await _serve(route, store, limits, request)
+            answer = await _serve(route, store, limits, known, request)
         except Problem as problem:
             return problem_response(problem)
         except PostroomError as exc:
@@ -252,23 +267,67 @@ def endpoint(route: Route, store: Store, limits: Limits,
     return serve
 
 
-async def _serve(route: Route, store: Store, limits: Limits, request: Request) -> Answer:
+async def _serve(route: Route, store: Store, limits: Limits, known: Principals,
+                 request: Request) -> Answer:
     raw = await request.body() if route.body is not None else b""
     header = request.headers.get("authorization")
     # One trip to a worker thread for the whole call: authenticating reads the database too.
-    return await anyio.to_thread.run_sync(_call, route, store, limits, request, header, raw,
-                                          abandon_on_cancel=True)
+    return await anyio.to_thread.run_sync(_call, route, Served(store, limits, known), request,
+                                          header, raw, abandon_on_cancel=True)
 
 
-def _call(  # noqa: PLR0917 - one worker-thread call carries the whole request
-        route: Route, store: Store, limits: Limits, request: Request, header: str | None,
-        raw: bytes) -> Answer:
-    caller = None
-    if route.roles is not None:
-        caller = authenticate(store, header)
-        if caller.principal.role not in route.roles:
-            raise Problem(403, "forbidden", "Forbidden",
-                          f"the {caller.principal.role.value} role may not call {route.name}")
+@dataclass(frozen=True, slots=True)
+class Served:
+    """What every request to the app is served with."""
+
+    store: Store
+    limits: Limits
+    known: Principals
+
+
+def _call(route: Route, served: Served, request: Request, header: str | None,
+          raw: bytes) -> Answer:
+    if route.roles is None:
+        return _handle(route, served, request, None, raw)
+    token = bearer(header)
+    caller = served.known.caller(served.store, token)
+    # A remembered principal is only a hint: every transaction of the call confirms the
+    # token first, and an answer that none confirmed is confirmed by a read of its own.
+    try:
+        with served.store.confirming(token, caller.principal) as confirmed:
+            answer = _handle(route, served, request, caller, raw)
+    except Unconfirmed:
+        served.known.forget(token)
+        raise UNAUTHENTICATED from None
+    except BatchFailed as failed:
+        if isinstance(failed.error, Unconfirmed):
+            served.known.forget(token)
+            raise UNAUTHENTICATED from None
+        _confirm_unless(confirmed.transactions, served, token)
+        raise
+    except BaseException:
+        _confirm_unless(confirmed.transactions, served, token)
+        raise
+    _confirm_unless(confirmed.transactions, served, token)
+    return answer
+
+
+def _confirm_unless(transactions: int, served: Served, token: str) -> None:
+    if transactions:
+        return
+    try:
+        served.store.authenticate(token)
+    except Unauthorized:
+        served.known.forget(token)
+        raise UNAUTHENTICATED from None
+
+
+def _handle(route: Route, served: Served, request: Request, caller: Caller | None,
+            raw: bytes) -> Answer:
+    if caller is not None and route.roles is not None \
+            and caller.principal.role not in route.roles:
+        raise Problem(403, "forbidden", "Forbidden",
+                      f"the {caller.principal.role.value} role may not call {route.name}")
     query = {name: _query_value(name, request.query_params.get(name), schema)
              for name, schema in route.query.items()
              if request.query_params.get(name) is not None}
@@ -276,8 +335,8 @@ def _call(  # noqa: PLR0917 - one worker-thread call carries the whole request
     if route.body is not None:
         body = _json(raw) if raw else {}
         schemas.check(body, route.body, "")
-    call = Call(store=store, caller=caller, params=dict(request.path_params), query=query,
-                body=body, limits=limits)
+    call = Call(store=served.store, caller=caller, params=dict(request.path_params),
+                query=query, body=body, limits=served.limits)
     try:
         return route.handler(call)
     except (Problem, PostroomError):
