@@ -241,16 +241,25 @@ def problem_response(problem: Problem) -> Response:
 Observer = Callable[[Route, "Answer | PostroomError"], None]
 
 
+@dataclass(frozen=True, slots=True)
+class Served:
+    """What every request to the app is served with."""
+
+    store: Store
+    limits: Limits
+    known: Principals
+
+
 def endpoint(route: Route, store: Store, limits: Limits,
              observe: Observer | None = None, *,
              known: Principals | None = None) -> Callable[[Request], Any]:
     """The Starlette endpoint that serves ``route``; ``known`` is the principals of tokens
     already seen, shared by the app's endpoints (``create_app`` makes one)."""
-    known = known if known is not None else Principals()
+    served = Served(store, limits, known if known is not None else Principals())
 
     async def serve(request: Request) -> Response:
         try:
-            answer = await _serve(route, store, limits, known, request)
+            answer = await _serve(route, served, request)
         except Problem as problem:
             return problem_response(problem)
         except PostroomError as exc:
@@ -267,22 +276,12 @@ def endpoint(route: Route, store: Store, limits: Limits,
     return serve
 
 
-async def _serve(route: Route, store: Store, limits: Limits, known: Principals,
-                 request: Request) -> Answer:
+async def _serve(route: Route, served: Served, request: Request) -> Answer:
     raw = await request.body() if route.body is not None else b""
     header = request.headers.get("authorization")
     # One trip to a worker thread for the whole call: authenticating reads the database too.
-    return await anyio.to_thread.run_sync(_call, route, Served(store, limits, known), request,
-                                          header, raw, abandon_on_cancel=True)
-
-
-@dataclass(frozen=True, slots=True)
-class Served:
-    """What every request to the app is served with."""
-
-    store: Store
-    limits: Limits
-    known: Principals
+    return await anyio.to_thread.run_sync(_call, route, served, request, header, raw,
+                                          abandon_on_cancel=True)
 
 
 def _call(route: Route, served: Served, request: Request, header: str | None,
@@ -296,16 +295,11 @@ def _call(route: Route, served: Served, request: Request, header: str | None,
     try:
         with served.store.confirming(token, caller.principal) as confirmed:
             answer = _handle(route, served, request, caller, raw)
-    except Unconfirmed:
-        served.known.forget(token)
-        raise UNAUTHENTICATED from None
-    except BatchFailed as failed:
-        if isinstance(failed.error, Unconfirmed):
+    except Exception as exc:
+        cause = exc.error if isinstance(exc, BatchFailed) else exc
+        if isinstance(cause, Unconfirmed):
             served.known.forget(token)
             raise UNAUTHENTICATED from None
-        _confirm_unless(confirmed.transactions, served, token)
-        raise
-    except BaseException:
         _confirm_unless(confirmed.transactions, served, token)
         raise
     _confirm_unless(confirmed.transactions, served, token)
