@@ -15,8 +15,8 @@ PUBLIC = [
     "ReplyState", "Requeue", "ResumeResult", "Resumption", "SchemaError", "Settings", "Settled",
     "Settlement", "SignalReceipt", "SignalResult", "Store", "StoreError", "StoreStatus",
     "StoreUnavailable", "Swept", "SystemClock", "Task", "TaskState", "TaskStory", "Timeline",
-    "TransientDeliveryError", "Transport", "Unauthorized", "Wait", "Waiter", "WaitNotOpened",
-    "WaitOpening", "WaitState",
+    "TransientDeliveryError", "Transport", "Unauthorized", "Unconfirmed", "Wait", "Waiter",
+    "WaitNotOpened", "WaitOpening", "WaitState",
     # chains and approvals
     "Approval", "ApprovalRequest", "AskedApproval", "CommittedEffect", "NotApproved",
     "SideEffect",
