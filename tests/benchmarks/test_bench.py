@@ -45,7 +45,7 @@ STEP_ROWS = {f"steps.sqlite.{step}" for step in STEPS}
 PG_STEP_ROWS = {f"steps.postgres.{step}" for step in STEPS}
 #: Submit in process and over HTTP, one at a time, on each backend, and where the HTTP
 #: submission's time goes (an empty request, authentication alone, a lighter client).
-HTTP_KINDS = ("receive", "submit", "healthz", "whoami", "submit_stdlib")
+HTTP_KINDS = ("receive", "submit", "healthz", "whoami", "submit_stdlib", "client_floor")
 HTTP_ROWS = {f"http.sqlite.{kind}" for kind in HTTP_KINDS}
 PG_HTTP_ROWS = {f"http.postgres.{kind}" for kind in HTTP_KINDS}
 

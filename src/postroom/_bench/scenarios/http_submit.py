@@ -12,7 +12,9 @@ Where an HTTP submission's time goes, measured beside it against the same server
 client asking ``GET /healthz`` (the whole HTTP path and its worker-thread hop, no store call)
 and ``GET /v1/me`` (that plus authenticating the token: one indexed read), and the same
 ``POST /v1/tasks`` sent by the standard library's ``http.client`` (a client that costs far
-less per request than httpx, so the server's share shows).
+less per request than httpx, so the server's share shows). And the floor: the same httpx
+client posting the same body to a server that only answers 202 (``postroom._bench.answering``:
+no framework, no store), which is the least a submission through that client can cost here.
 """
 
 from __future__ import annotations
@@ -20,10 +22,14 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import postroom
+from postroom._bench import answering
 from postroom._bench.context import (
     BenchError,
     Context,
@@ -99,6 +105,21 @@ def _over_stdlib(port: int, token: str, sent: Numbers, tasks: int) -> Callable[[
     return round_
 
 
+@contextmanager
+def _answering(port: int) -> Iterator[None]:
+    """Run ``postroom._bench.answering`` on ``port`` until the block ends."""
+    process = subprocess.Popen([sys.executable, "-m", "postroom._bench.answering", str(port)],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    try:
+        assert process.stdout is not None
+        if process.stdout.readline().strip() != answering.READY:
+            raise BenchError(f"the answering server exited with code {process.wait()}")
+        yield
+    finally:
+        process.kill()
+        process.wait()
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -150,6 +171,13 @@ def run(ctx: Context) -> list[Measurement]:
         stdlib_rounds = ctx.timed_rounds(stdlib)
     with postroom.open_store(url) as store:
         _check(store, sent, "over HTTP")
+    floor_port = _free_port()
+    with _answering(floor_port), httpx.Client(
+            base_url=f"http://127.0.0.1:{floor_port}", timeout=30.0,
+            headers={"authorization": f"Bearer {token}"}) as client:
+        floor = _over_http(client, Numbers(), tasks)
+        floor()
+        floor_rounds = ctx.timed_rounds(floor)
 
     details = {"tasks_per_round": tasks, "client": "httpx, one keep-alive connection",
                "server": "postroom serve, defaults"}
@@ -170,4 +198,9 @@ def run(ctx: Context) -> list[Measurement]:
                     label="`POST /v1/tasks`, sent with `http.client` (stdlib)",
                     rounds=stdlib_rounds,
                     details={**details, "client": "http.client, one keep-alive connection"}),
+        Measurement(id=f"http.{backend}.client_floor", backend=backend, unit="requests/s",
+                    label="the same POST, the same client, to a server that only answers 202",
+                    rounds=floor_rounds,
+                    details={**details, "server": "postroom._bench.answering (no framework, "
+                                                  "no store)"}),
     ]
