@@ -22,8 +22,9 @@ __all__ = ["main"]
 #: ``postroom bench --only`` names, in the order they run, and the default ``--pg-url``.
 #: Written here so that ``postroom --help`` imports no benchmark module; a test holds them
 #: to ``postroom._bench``'s own.
-BENCH_SCENARIOS = ("claim", "single", "batched", "commit-cost", "signals", "pg-claim", "pg-e2e",
-                   "pg-latency", "worker", "delivered", "worker-latency", "concurrency",
+BENCH_SCENARIOS = ("claim", "single", "batched", "commit-cost", "signals", "pg-claim",
+                   "pg-claim-backlog", "pg-e2e", "pg-latency", "worker", "delivered",
+                   "worker-latency", "concurrency",
                    "scheduled", "rss", "pg-workers", "pg-worker-latency", "pg-rss", "steps",
                    "pg-steps", "peers", "pg-peers", "http-submit", "pg-http-submit")
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -242,8 +243,8 @@ def bench(quick: bool, only: tuple[str, ...], folder: Path | None,  # noqa: PLR0
             click.echo("not in a postroom checkout: no bench/RESULTS.md to rewrite (--results "
                        "FILE keeps the Markdown report)", err=True)
     if results is not None:
-        report.write(outcome, results)
-        click.echo(f"wrote {results}", err=True)
+        charts = report.write(outcome, results)
+        click.echo(f"wrote {', '.join(str(path) for path in (results, *charts))}", err=True)
     click.echo(json.dumps(outcome, indent=2))
 
 

@@ -16,11 +16,13 @@ import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 import psycopg
 import pytest
 
-from postroom._bench.report import render
+from postroom._bench.plots import plots
+from postroom._bench.report import render, write
 from postroom._bench.runner import SCENARIOS, default_folder
 from tests import pg
 from tests.conftest import require_postgres
@@ -37,7 +39,8 @@ RUNTIME_ROWS = {"runtime.sqlite.workers_1", "runtime.sqlite.delivered",
                 "runtime.scheduled.future_0", "runtime.scheduled.future_3000"}
 LATENCY_ROWS = {"runtime.latency.sqlite.p50", "runtime.latency.sqlite.p99"}
 RSS_ROWS = {"runtime.rss.sqlite.worker", "runtime.rss.sqlite.dispatcher"}
-PG_RUNTIME_ROWS = {"pg.raw_commit_loop", "runtime.pg.workers_4", "runtime.latency.pg.p50",
+PG_RUNTIME_ROWS = {"pg.raw_commit_loop", "runtime.pg.workers_1", "runtime.pg.workers_4",
+                   "runtime.latency.pg.p50",
                    "runtime.latency.pg.p99", "runtime.rss.pg.worker", "runtime.rss.pg.dispatcher"}
 STEPS = ("receive", "claim", "finish", "dispatch_claim", "receiver", "dispatch_record")
 #: What each step of a one-at-a-time task costs, on each backend.
@@ -62,6 +65,8 @@ PEER_ROWS = _peer_rows("huey") | _peer_rows("postroom-sqlite", delivered=True)
 PG_PEER_ROWS = _peer_rows("procrastinate") | _peer_rows("postroom-pg", delivered=True)
 POSTGRES_THROUGHPUT_ROWS = {f"pg.{key}.{kind}.workers_{workers}" for key in ("claim_finish", "e2e")
                             for kind in ("single", "batched") for workers in (1, 4)}
+#: claim+finish of one worker at each backlog of the quick sizes, on PostgreSQL.
+PG_BACKLOG_ROWS = {f"pg.claim_finish.backlog_{size}" for size in (100, 1_000, 3_000)}
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
@@ -208,7 +213,7 @@ def test_quick_run_judges_every_bar(quick_report):
         expected |= {"pg_claim_scales_to_4_workers": 2.0, "pg_latency_p50": 10.0,
                      "pg_workers_vs_raw_pg": 0.75, "worker_latency_pg_p50": 5.0,
                      "rss_pg_worker": 1.1, "rss_pg_dispatcher": 1.1, "peers_pg_3x_best": 3.0,
-                     "http_submit_postgres": 0.5,
+                     "http_submit_postgres": 0.5, "pg_claim_flat_under_backlog": 0.7,
                      **{f"peers_procrastinate_w{workers}_{metric}": 1.0 for workers in (1, 4)
                         for metric in ("processed", "end_to_end")}}
     assert {name: bar["required"] for name, bar in bars.items()} == expected
@@ -235,7 +240,7 @@ def test_quick_run_judges_every_bar(quick_report):
 def test_quick_run_measures_postgres_workers_and_latency(pg_report):
     rows = {row["id"]: row for row in pg_report["measurements"] if row["backend"] == "postgres"}
     assert set(rows) == (POSTGRES_THROUGHPUT_ROWS | PG_RUNTIME_ROWS | PG_STEP_ROWS | PG_PEER_ROWS
-                         | PG_HTTP_ROWS | {"pg.latency.p50", "pg.latency.p99"})
+                         | PG_HTTP_ROWS | PG_BACKLOG_ROWS | {"pg.latency.p50", "pg.latency.p99"})
     for name in POSTGRES_THROUGHPUT_ROWS:
         row = rows[name]
         assert row["unit"] == "tasks/s" and row["value"] > 0
@@ -291,13 +296,18 @@ def test_quick_run_reads_worker_and_dispatcher_memory_after_warm_up_and_at_the_e
 def test_quick_run_measures_postgres_workers_against_a_raw_postgres_loop(pg_report):
     rows = {row["id"]: row for row in pg_report["measurements"]}
     rounds = pg_report["sizes"]["rounds"]
-    raw, workers = rows["pg.raw_commit_loop"], rows["runtime.pg.workers_4"]
-    assert raw["unit"] == "commits/s" and len(raw["rounds"]) == rounds + 1  # around each
-    assert workers["details"]["workers"] == 4
-    ratios = workers["details"]["round_ratios_to_pg_raw"]
-    assert ratios == pytest.approx([rate / ((raw["rounds"][index] + raw["rounds"][index + 1])
-                                            / 2)
-                                    for index, rate in enumerate(workers["rounds"])], rel=0.01)
+    raw = rows["pg.raw_commit_loop"]
+    curve = [rows[f"runtime.pg.workers_{count}"] for count in (1, 4)]
+    assert raw["unit"] == "commits/s"
+    assert len(raw["rounds"]) == len(curve) * (rounds + 1)  # around each round of each count
+    for count, workers in zip((1, 4), curve, strict=True):
+        assert workers["details"]["workers"] == count
+        around = workers["details"]["raw_pg_rates"]
+        assert len(around) == rounds + 1
+        ratios = workers["details"]["round_ratios_to_pg_raw"]
+        assert ratios == pytest.approx([rate / ((around[index] + around[index + 1]) / 2)
+                                        for index, rate in enumerate(workers["rounds"])],
+                                       rel=0.01)
     assert 0 < rows["runtime.latency.pg.p50"]["value"] <= rows["runtime.latency.pg.p99"]["value"]
 
 
@@ -343,6 +353,47 @@ def test_results_markdown_puts_postgres_rows_in_their_own_table(pg_report):
     latency = next(line for line in postgres.splitlines() if "latency, idle worker, p50" in line)
     assert latency.split(" | ")[1].endswith(" ms") and latency.split(" | ")[2] == ""
     assert "<= 10 ms |" in text
+
+
+def _points(svg: str) -> list[str]:
+    """The hover titles of a chart's points: "line: x → median"."""
+    return [str(title.text) for title in
+            ElementTree.fromstring(svg).iter("{http://www.w3.org/2000/svg}title")]
+
+
+def test_the_backlog_chart_draws_each_backends_median_at_each_backlog(pg_report):
+    charts = plots(pg_report)
+    rows = {row["id"]: row for row in pg_report["measurements"]}
+    expected = [f"{name}: {size:,} → {statistics.median(rows[f'{prefix}{size}']['rounds']):,.0f}"
+                for name, prefix in (("SQLite", "claim_finish.backlog_"),
+                                     ("PostgreSQL", "pg.claim_finish.backlog_"))
+                for size in (100, 1_000, 3_000)]
+    assert _points(charts["claim_backlog.svg"]) == expected
+
+
+def test_the_workers_chart_draws_postroom_workers_beside_the_raw_postgres_loop(pg_report):
+    charts = plots(pg_report)
+    rows = {row["id"]: row for row in pg_report["measurements"]}
+    points = _points(charts["pg_workers.svg"])
+    ours = [rows[f"runtime.pg.workers_{count}"] for count in (1, 4)]
+    assert points[:2] == [f"postroom worker processes: {row['details']['workers']} → "
+                          f"{statistics.median(row['rounds']):,.0f}" for row in ours]
+    assert [point.partition(":")[0] for point in points[2:]] == [
+        "raw PostgreSQL commit loop (1 connection)"] * 2
+
+
+def test_writing_the_results_puts_the_charts_beside_the_markdown(pg_report, tmp_path):
+    written = write(pg_report, tmp_path / "RESULTS.md")
+    assert written == [tmp_path / "claim_backlog.svg", tmp_path / "pg_workers.svg"]
+    assert (tmp_path / "RESULTS.md").read_text().startswith("# postroom benchmark results")
+    for chart in written:
+        ElementTree.fromstring(chart.read_text())  # well-formed SVG
+
+
+def test_a_run_without_the_curves_draws_no_chart(quick_report):
+    kept = [row for row in quick_report["measurements"]
+            if "backlog_" not in row["id"] and not row["id"].startswith("runtime.pg.workers_")]
+    assert plots({**quick_report, "measurements": kept}) == {}
 
 
 def _check_peer_rows(rows: dict[str, Any], names: set[str], tasks: int) -> None:
@@ -411,8 +462,8 @@ def test_unreachable_postgres_fails_the_run_before_anything_runs():
         assert done.returncode == 2, done.stdout + done.stderr
         assert "PostgreSQL at postgresql://postgres:***@127.0.0.1:1/postgres is unreachable" \
             in done.stderr
-        assert ("pg-claim, pg-e2e, pg-latency, pg-workers, pg-worker-latency, pg-rss, "
-                "pg-steps, pg-peers, pg-http-submit need it" in done.stderr)
+        assert ("pg-claim, pg-claim-backlog, pg-e2e, pg-latency, pg-workers, pg-worker-latency, "
+                "pg-rss, pg-steps, pg-peers, pg-http-submit need it" in done.stderr)
         assert "--only" in done.stderr
         assert "hidden" not in done.stderr and done.stdout == ""
         assert list(folder.iterdir()) == []

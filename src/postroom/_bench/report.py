@@ -7,6 +7,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from postroom._bench import plots
 from postroom._bench.scenarios import peers, steps
 
 __all__ = ["checkout_results", "render", "write"]
@@ -188,9 +189,16 @@ _RUNTIME = (
     "of the long run over `VmRSS` after the warm-up.")
 
 
-def write(report: dict[str, Any], path: Path) -> None:
-    """Write ``render(report)`` to ``path``."""
+def write(report: dict[str, Any], path: Path) -> list[Path]:
+    """Write ``render(report)`` to ``path``, and beside it each chart of
+    ``plots.plots(report)``; return the charts' paths."""
     path.write_text(render(report), "utf-8")
+    written = []
+    for name, svg in plots.plots(report).items():
+        chart = path.with_name(name)
+        chart.write_text(svg, "utf-8")
+        written.append(chart)
+    return written
 
 
 def _section(title: str, text: str, header: list[str], rows: list[list[str]]) -> list[str]:

@@ -47,6 +47,7 @@ SCENARIOS: dict[str, Scenario] = {
     "commit-cost": Scenario(commit_cost.run),
     "signals": Scenario(waits.run),
     "pg-claim": Scenario(postgres.run_claim, "postgres"),
+    "pg-claim-backlog": Scenario(claim_backlog.run, "postgres"),
     "pg-e2e": Scenario(postgres.run_end_to_end, "postgres"),
     "pg-latency": Scenario(postgres.run_latency, "postgres"),
     "worker": Scenario(runtime.run_worker),
@@ -106,15 +107,18 @@ class Bar:
 def bars_for(rows: Sequence[Measurement]) -> list[Bar]:
     """The bars of the foundation issue, for the measurements this run produced."""
     bars = []
-    claims = sorted((row for row in rows if row.id.startswith("claim_finish.")),
-                    key=lambda row: row.details["backlog"])
-    if len(claims) >= 2:
-        small, large = claims[0], claims[-1]
-        bars.append(Bar(
-            id="claim_flat_under_backlog", numerator=large.id, denominator=small.id,
-            required=0.7,
-            text=f"claim+finish at {large.details['backlog']:,} pending >= 0.7x its rate at "
-                 f"{small.details['backlog']:,}"))
+    for prefix, name, what in (("", "claim_flat_under_backlog", ""),
+                               ("pg.", "pg_claim_flat_under_backlog", "PostgreSQL: ")):
+        start = f"{prefix}claim_finish.backlog_"
+        claims = sorted((row for row in rows if row.id.startswith(start)),
+                        key=lambda row: row.details["backlog"])
+        if len(claims) >= 2:
+            small, large = claims[0], claims[-1]
+            bars.append(Bar(
+                id=name, numerator=large.id, denominator=small.id, required=0.7,
+                basis="ratio" if not prefix else "value",
+                text=f"{what}claim+finish at {large.details['backlog']:,} pending >= 0.7x its "
+                     f"rate at {small.details['backlog']:,}"))
     ids = {row.id for row in rows}
     if "e2e.single" in ids:
         bars.append(Bar(id="single_vs_raw", numerator="e2e.single", denominator="raw_sqlite",

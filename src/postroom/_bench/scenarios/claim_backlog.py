@@ -1,4 +1,5 @@
-"""claim+finish by one worker, at growing backlogs of pending tasks.
+"""claim+finish by one worker, at growing backlogs of pending tasks (``claim`` on SQLite,
+``pg-claim-backlog`` on PostgreSQL).
 
 SPEC §3: claim cost must not grow with the backlog. One store is grown through the sizes
 (smallest first) with ``receive_atomic`` batches; at each size a fixed number of claim+finish
@@ -87,6 +88,8 @@ def run(ctx: Context) -> list[Measurement]:
     sizes = ctx.sizes
     cycles = sizes.claim_cycles
     rows = []
+    # SQLite's rows keep the names they always had; PostgreSQL's are told apart.
+    prefix, what = ("pg.", "PostgreSQL ") if ctx.target.backend == "postgres" else ("", "")
     with postroom.open_store(ctx.target.url("claim-backlog")) as store:
         backlog = _Backlog(store, batch=sizes.build_batch)
         for size in sizes.backlogs:
@@ -109,8 +112,8 @@ def run(ctx: Context) -> list[Measurement]:
                 raise BenchError(f"at {size:,} pending the claim's plan scans or sorts: "
                                  + "; ".join(problems))
             rows.append(Measurement(
-                id=f"claim_finish.backlog_{size}", backend=ctx.target.backend,
-                label=f"claim+finish, one worker, backlog {size:,} pending",
+                id=f"{prefix}claim_finish.backlog_{size}", backend=ctx.target.backend,
+                label=f"{what}claim+finish, one worker, backlog {size:,} pending",
                 unit="tasks/s", rounds=rounds,
                 details={"backlog": size, "cycles_per_round": cycles,
                          "commits_per_task": inside.commits / cycles,

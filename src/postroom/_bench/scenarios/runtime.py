@@ -327,37 +327,43 @@ class _BothLoops:
 
 
 def run_pg_workers(ctx: Context) -> list[Measurement]:
-    """Four ``postroom worker`` processes on PostgreSQL against the raw PostgreSQL loop."""
-    tasks, workers = ctx.sizes.pg_runtime_tasks, 4
+    """``postroom worker`` processes on PostgreSQL, ``sizes.pg_worker_curve`` of them in turn,
+    each count against the raw PostgreSQL loop measured around its own rounds."""
+    tasks = ctx.sizes.pg_runtime_tasks
     loop = PostgresCommitLoop(ctx.target.url("pg-raw-loop"), commits=ctx.sizes.raw_commits)
+    rows = []
+    raw_all: list[float] = []
     try:
         loop.round()  # warm-up
-        loop.rates.clear()
-        ctx.progress(f"runtime: {workers} worker processes on PostgreSQL, {tasks:,} tasks per "
-                     "round")
-        with _rig(ctx, "pg-runtime-workers", QUEUES["trivial"], workers=workers) as rig:
-            rig.round(min(tasks, 500))
-            both = Context(sizes=ctx.sizes, target=ctx.target, progress=ctx.progress,
-                           baseline=_BothLoops(ctx.baseline, loop))
-            rounds = both.measured_rounds(lambda: rig.round(tasks))
+        for workers in ctx.sizes.pg_worker_curve:
+            loop.rates.clear()
+            ctx.progress(f"runtime: {workers} worker processes on PostgreSQL, {tasks:,} tasks "
+                         "per round")
+            with _rig(ctx, f"pg-runtime-workers-{workers}", QUEUES["trivial"],
+                      workers=workers) as rig:
+                rig.round(min(tasks, 500))
+                both = Context(sizes=ctx.sizes, target=ctx.target, progress=ctx.progress,
+                               baseline=_BothLoops(ctx.baseline, loop))
+                rounds = both.measured_rounds(lambda: rig.round(tasks))
+            raw = list(loop.rates)
+            raw_all += raw
+            # round i ran between the loop's rounds i and i + 1
+            to_raw = [rate / ((raw[index] + raw[index + 1]) / 2)
+                      for index, rate in enumerate(rounds.rates)]
+            rows.append(_throughput(
+                f"runtime.pg.workers_{workers}",
+                f"PostgreSQL, {workers} `postroom worker` process{'es' if workers > 1 else ''}, "
+                "trivial handler (first claim to last done)", rounds, ctx, workers=workers,
+                tasks_per_round=tasks, raw_pg_rates=[round(rate, 1) for rate in raw],
+                round_ratios_to_pg_raw=[round(ratio, 4) for ratio in to_raw],
+                ratio_to_pg_raw=round(median(to_raw), 4)))
     finally:
         loop.close()
-    raw = loop.rates
-    # round i ran between the loop's rounds i and i + 1
-    to_raw = [rate / ((raw[index] + raw[index + 1]) / 2)
-              for index, rate in enumerate(rounds.rates)]
-    return [
-        Measurement(id="pg.raw_commit_loop", backend="postgres", unit="commits/s",
-                    label="raw PostgreSQL commit loop (1 small-row INSERT per transaction, "
-                          "1 connection, server defaults)",
-                    rounds=Rounds(rates=tuple(raw)),
-                    details={"commits_per_round": ctx.sizes.raw_commits}),
-        _throughput("runtime.pg.workers_4",
-                    "PostgreSQL, 4 `postroom worker` processes, trivial handler (first claim "
-                    "to last done)", rounds, ctx, workers=workers, tasks_per_round=tasks,
-                    round_ratios_to_pg_raw=[round(ratio, 4) for ratio in to_raw],
-                    ratio_to_pg_raw=round(median(to_raw), 4)),
-    ]
+    return [Measurement(id="pg.raw_commit_loop", backend="postgres", unit="commits/s",
+                        label="raw PostgreSQL commit loop (1 small-row INSERT per transaction, "
+                              "1 connection, server defaults)",
+                        rounds=Rounds(rates=tuple(raw_all)),
+                        details={"commits_per_round": ctx.sizes.raw_commits}), *rows]
 
 
 def run_concurrency(ctx: Context) -> list[Measurement]:
