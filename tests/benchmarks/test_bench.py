@@ -385,7 +385,10 @@ def test_the_workers_chart_draws_postroom_workers_beside_the_raw_postgres_loop(p
 def test_writing_the_results_puts_the_charts_beside_the_markdown(pg_report, tmp_path):
     written = write(pg_report, tmp_path / "RESULTS.md")
     assert written == [tmp_path / "claim_backlog.svg", tmp_path / "pg_workers.svg"]
-    assert (tmp_path / "RESULTS.md").read_text().startswith("# postroom benchmark results")
+    markdown = (tmp_path / "RESULTS.md").read_text()
+    assert markdown.startswith("# postroom benchmark results")
+    assert "![claim_backlog](claim_backlog.svg)" in markdown
+    assert "![pg_workers](pg_workers.svg)" in markdown
     for chart in written:
         ElementTree.fromstring(chart.read_text())  # well-formed SVG
 

@@ -81,6 +81,12 @@ def render(report: dict[str, Any]) -> str:
             [_figure(row) for row in postgres_rows])
     if any(row["id"].startswith("runtime.") for row in rows):
         lines += ["", "## Through the runtime", "", _RUNTIME]
+    charts = plots.plots(report)
+    if charts:
+        lines += ["", "## Charts", "", "Written beside this file; each point is a median "
+                  "round, its whisker the slowest to the fastest round.", ""]
+        for name in charts:
+            lines += [f"![{name.removesuffix('.svg')}]({name})", ""]
     if report["bars"]:
         lines += _section("Bars", "", ["bar", "measured", "required", "result"],
                           [_bar(bar) for bar in report["bars"]])
