@@ -24,7 +24,7 @@ from xml.sax.saxutils import escape
 __all__ = ["Series", "line_chart", "plots"]
 
 _WIDTH, _HEIGHT = 640, 400
-_LEFT, _RIGHT, _TOP, _BOTTOM = 72, 24, 48, 56
+_LEFT, _RIGHT, _TOP, _BOTTOM = 72, 48, 48, 56
 _COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
 
 
@@ -57,7 +57,7 @@ def plots(report: dict[str, Any]) -> dict[str, str]:
             series.append(Series("raw PostgreSQL commit loop (1 connection)",
                                  sorted(raw)))
         charts["pg_workers.svg"] = line_chart(
-            series, title="PostgreSQL: tasks/s against `postroom worker` processes",
+            series, title="PostgreSQL: tasks/s against postroom worker processes",
             x_label="worker processes", y_label="tasks/s (commits/s for the raw loop)",
             log_x=True)
     return charts
