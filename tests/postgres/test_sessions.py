@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from collections.abc import Iterator
 
@@ -206,48 +205,6 @@ def test_a_waiter_is_not_woken_by_another_processes_other_queue(pg_url):
         waiter = store.waiter(queues="default")
         send_from_another_process(pg_url, "reviews")
         assert not waiter.wait(timeout=0.3)
-
-
-def test_a_waiter_is_not_woken_by_work_another_process_makes_in_a_paused_queue(pg_url):
-    # Its tasks cannot be claimed: a wake-up would only send every idle worker to claim nothing.
-    with postroom.open_store(pg_url) as store:
-        store.pause_queue("default", operator="ops", reason="incident")
-        waiter = store.waiter(queues="default")
-        send_from_another_process(pg_url, "default")
-        assert not waiter.wait(timeout=0.3)
-
-
-def test_resuming_a_paused_queue_wakes_the_waiters_of_other_processes(pg_url):
-    with postroom.open_store(pg_url) as store:
-        store.pause_queue("default", operator="ops", reason="incident")
-        send_from_another_process(pg_url, "default")
-        waiter = store.waiter(queues="default")
-        with postroom.open_store(pg_url) as elsewhere:  # its own hub: heard only by NOTIFY
-            assert elsewhere.resume_queue("default")
-        assert waiter.wait(timeout=30)
-        assert store.claim("w") is not None
-
-
-def test_a_resume_waits_for_a_commit_that_makes_work_in_the_paused_queue(pg_url, auth):
-    # Otherwise its announcement could come and go before that work commits, which no NOTIFY
-    # would then announce: the waiters would find it only at their next poll.
-    with postroom.open_store(pg_url) as store, postroom.open_store(pg_url) as elsewhere:
-        store.pause_queue("default", operator="ops", reason="incident")
-        resumes: list[threading.Thread] = []
-        blocked: list[bool] = []
-
-        def resume_meanwhile(_: object) -> None:
-            resume = threading.Thread(target=elsewhere.resume_queue, args=("default",))
-            resume.start()
-            resume.join(timeout=1.0)
-            blocked.append(resume.is_alive())
-            resumes.append(resume)
-
-        with faults.armed("receive.before_commit", resume_meanwhile):
-            store.receive(auth, envelope(deadline=FAR))
-        resumes[0].join(timeout=30)
-        assert blocked == [True]
-        assert store.paused_queues() == []
 
 
 def test_stores_in_other_schemas_do_not_wake_each_other(pg_urls):

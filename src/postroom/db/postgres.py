@@ -44,8 +44,7 @@ durable and hands them out again, so after one an id that reads as committed may
 newcomer's, and that is ``OutcomeUnknown`` too (``lost_commit_fate``).
 
 **Wake-ups.** ``Tx.notify`` channels are sent with ``pg_notify`` inside the transaction, once
-per channel, so listeners hear of work only if it committed, and never for a paused queue
-(its resume announces it). A store has one NOTIFY channel,
+per channel, so listeners hear of work only if it committed. A store has one NOTIFY channel,
 named after its schema (two stores in one database do not wake each other), and the payload
 names the postroom channel (a queue, or the replies). Each store has one listening
 connection (started by the first ``Store.waiter``) that feeds the process's ``Wakeups`` hub;
@@ -140,19 +139,11 @@ _SERVER_NOW = "SELECT CAST(extract(epoch FROM clock_timestamp()) AS DOUBLE PRECI
 # looks the same: that only turns a lost COMMIT's answer into OutcomeUnknown, never a guess.
 _INCARNATION = ("CAST(pg_postmaster_start_time() AS TEXT) || ' ' || "
                 "coalesce(CAST(pg_stat_get_bgwriter_stat_reset_time() AS TEXT), '')")
-# A paused queue's channel is not sent: no claim can take its tasks, so a wake-up would only
-# make every idle worker on every host claim nothing, once per commit. The paused row is
-# locked FOR SHARE, so a resume (which deletes it, then announces the queue) waits for this
-# transaction to commit: its announcement then finds the work this one made. (A transaction
-# with nothing to announce, such as a migration's, does not name the table at all.)
-_NOTIFY = (
-    "(SELECT count(pg_notify(%(channel)s, payload)) "
-    " FROM unnest(CAST(%(payloads)s AS TEXT[])) AS payload "
-    " WHERE NOT EXISTS (SELECT 1 FROM paused_queues AS paused "
-    "                   WHERE paused.queue = payload FOR SHARE))")
 _BEFORE_COMMIT = (
     "SELECT CAST(pg_current_xact_id_if_assigned() AS TEXT) AS xid, "
-    f"{_INCARNATION} AS incarnation, {{notified}} AS notified")
+    f"{_INCARNATION} AS incarnation, "
+    "(SELECT count(pg_notify(%(channel)s, payload)) "
+    " FROM unnest(CAST(%(payloads)s AS TEXT[])) AS payload) AS notified")
 # The same, after advancing the high-water row with the shared ``clock_advance`` statement:
 # the FROM clause runs the update first, so the id read afterwards is the final one.
 _ADVANCE_BEFORE_COMMIT = (
@@ -383,20 +374,17 @@ class PostgresDialect(Dialect):
         session: _Session = tx.conn
         if tx.wrote or tx.channels or session.advance:
             params = {"channel": self.channel, "payloads": sorted(tx.channels)}
+            sql = _BEFORE_COMMIT
             if session.advance:
                 params.update(session.advance)
-            sql = self._before_commit[bool(session.advance), bool(tx.channels)]
+                sql = self._advance_before_commit
             row = _one(self.execute(session, sql, params))
             session.xid, session.incarnation = row["xid"], row["incarnation"]
         session.resolvable = True
 
     @cached_property
-    def _before_commit(self) -> dict[tuple[bool, bool], str]:
-        """The statement ``before_commit`` runs, by (advancing the clock, announcing)."""
-        advance = self.queries["clock_advance"].sql
-        return {(advancing, announcing): (_ADVANCE_BEFORE_COMMIT if advancing else _BEFORE_COMMIT)
-                .format(advance=advance, notified=_NOTIFY if announcing else "0")
-                for advancing in (False, True) for announcing in (False, True)}
+    def _advance_before_commit(self) -> str:
+        return _ADVANCE_BEFORE_COMMIT.format(advance=self.queries["clock_advance"].sql)
 
     def commit(self, conn: _Session) -> None:
         """Commit; a connection lost during COMMIT is resolved, never guessed (see the module)."""
