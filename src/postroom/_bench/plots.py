@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 from xml.sax.saxutils import escape
 
+from postroom._bench.scenarios.claim_backlog import ROWS
+
 __all__ = ["Series", "line_chart", "plots"]
 
 _WIDTH, _HEIGHT = 640, 400
@@ -40,9 +42,9 @@ def plots(report: dict[str, Any]) -> dict[str, str]:
     """The charts ``report``'s measurements make, as SVG text by file name."""
     rows = report["measurements"]
     charts: dict[str, str] = {}
-    backlog = [_series(name, [row for row in rows if row["id"].startswith(prefix)], "backlog")
-               for name, prefix in (("SQLite", "claim_finish.backlog_"),
-                                    ("PostgreSQL", "pg.claim_finish.backlog_"))]
+    backlog = [_series(name, [row for row in rows if row["id"].startswith(ROWS[backend])],
+                       "backlog")
+               for name, backend in (("SQLite", "sqlite"), ("PostgreSQL", "postgres"))]
     backlog = [series for series in backlog if series.points]
     if backlog:
         charts["claim_backlog.svg"] = line_chart(

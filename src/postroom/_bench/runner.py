@@ -107,16 +107,15 @@ class Bar:
 def bars_for(rows: Sequence[Measurement]) -> list[Bar]:
     """The bars of the foundation issue, for the measurements this run produced."""
     bars = []
-    for prefix, name, what in (("", "claim_flat_under_backlog", ""),
-                               ("pg.", "pg_claim_flat_under_backlog", "PostgreSQL: ")):
-        start = f"{prefix}claim_finish.backlog_"
-        claims = sorted((row for row in rows if row.id.startswith(start)),
+    for backend, name, what in (("sqlite", "claim_flat_under_backlog", ""),
+                                ("postgres", "pg_claim_flat_under_backlog", "PostgreSQL: ")):
+        claims = sorted((row for row in rows if row.id.startswith(claim_backlog.ROWS[backend])),
                         key=lambda row: row.details["backlog"])
         if len(claims) >= 2:
             small, large = claims[0], claims[-1]
             bars.append(Bar(
                 id=name, numerator=large.id, denominator=small.id, required=0.7,
-                basis="ratio" if not prefix else "value",
+                basis="ratio" if backend == "sqlite" else "value",
                 text=f"{what}claim+finish at {large.details['backlog']:,} pending >= 0.7x its "
                      f"rate at {small.details['backlog']:,}"))
     ids = {row.id for row in rows}

@@ -19,7 +19,11 @@ import postroom
 from postroom._bench.context import BenchError, Context, Measurement
 from postroom._bench.driver_time import DriverTime
 
-__all__ = ["run"]
+__all__ = ["ROWS", "run"]
+
+#: The id prefix of each backend's rows (SQLite's keep the names they always had); the
+#: backlog follows it.
+ROWS = {"sqlite": "claim_finish.backlog_", "postgres": "pg.claim_finish.backlog_"}
 
 _AUTH = postroom.AuthContext(principal="bench")
 _DAY = 86_400.0
@@ -88,8 +92,8 @@ def run(ctx: Context) -> list[Measurement]:
     sizes = ctx.sizes
     cycles = sizes.claim_cycles
     rows = []
-    # SQLite's rows keep the names they always had; PostgreSQL's are told apart.
-    prefix, what = ("pg.", "PostgreSQL ") if ctx.target.backend == "postgres" else ("", "")
+    prefix = ROWS[ctx.target.backend]
+    what = "PostgreSQL " if ctx.target.backend == "postgres" else ""
     with postroom.open_store(ctx.target.url("claim-backlog")) as store:
         backlog = _Backlog(store, batch=sizes.build_batch)
         for size in sizes.backlogs:
@@ -112,7 +116,7 @@ def run(ctx: Context) -> list[Measurement]:
                 raise BenchError(f"at {size:,} pending the claim's plan scans or sorts: "
                                  + "; ".join(problems))
             rows.append(Measurement(
-                id=f"{prefix}claim_finish.backlog_{size}", backend=ctx.target.backend,
+                id=f"{prefix}{size}", backend=ctx.target.backend,
                 label=f"{what}claim+finish, one worker, backlog {size:,} pending",
                 unit="tasks/s", rounds=rounds,
                 details={"backlog": size, "cycles_per_round": cycles,
