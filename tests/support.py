@@ -96,11 +96,13 @@ def approved_child(store: postroom.Store, now: float, queue: str = "chained") ->
     return ApprovedChild(root=root, child=claim.task_id, approval=approval)
 
 
-def drop_chain_row(store: postroom.Store, root_task_id: str) -> None:
-    """Delete a chain's row, as a chain older than its row would be (``postroom audit``
-    reports it): its tasks' stories then have no chain."""
+def orphan_from_its_chain(store: postroom.Store, task_id: str) -> None:
+    """Make ``task_id`` a member of a chain with neither its root nor its row any more, as a
+    chain whose root was pruned before version 10 left it (``postroom audit`` reports it):
+    its story then has no chain."""
     database_of(store).write(Write("corrupt"), lambda tx: tx.execute(
-        "DELETE FROM chains WHERE root_task_id = :root", {"root": root_task_id}))
+        "UPDATE tasks SET root_task_id = 'a-root-long-pruned' WHERE task_id = :task",
+        {"task": task_id}))
 
 
 def migrate_store(url: str) -> None:

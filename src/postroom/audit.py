@@ -32,8 +32,7 @@ CHECKS: dict[str, tuple[str, ...]] = {
         "attempts_out_of_range", "fence_below_attempts", "reply_attempts_over_budget",
         "budget_out_of_range", "parked_not_pending", "sending_without_owner_or_lease",
         "reply_fence_below_attempts", "dead_reply_without_error", "sent_reply_without_time",
-        "task_without_inbox",
-        "inbox_without_task", "decided_after_high_water", "requeue_without_reply",
+        "task_end_mismatch", "decided_after_high_water", "requeue_without_reply",
         "slot_generation_mismatch", "waiting_not_current", "wait_end_fields",
         "signaled_without_its_receipt", "accepted_receipt_not_adopted",
         "receipt_inconsistent_with_wait", "timed_out_before_deadline",
@@ -151,7 +150,7 @@ def _store_contents(rows: Sequence[Row]) -> list[Violation]:
             found.append(Violation("task_identity", task_id,
                                    "task_id is not SHA-256 of [principal, message_id]"))
         if fingerprint(r["envelope"]) != r["fingerprint"]:
-            found.append(Violation("inbox_fingerprint", task_id,
+            found.append(Violation("task_fingerprint", task_id,
                                    "stored fingerprint does not match the envelope"))
         if r["reply_id"] is None:
             continue

@@ -8,6 +8,12 @@ the row locked, so concurrent spawns are counted one after another: work past a 
 stored terminal (``hop_limit``, ``budget_exhausted`` naming the budget) with its reply, and
 never runs.
 
+Most roots never spawn, so a root born to run within the store's own budgets gets no row
+when it is received (it would cost every receive a b-tree of its own): its chain is then the
+store's budgets with one task admitted and nothing charged, and the first transaction that
+needs the row -- a spawn, a charge, a cancel -- writes exactly that, locked. A root that
+lowers a budget, or is born terminal (none admitted), gets its row at once.
+
 Hops and parents are postroom's: a linked task's hops are its parent's + 1, whatever its
 body says, and a message naming a parent is linked only when its sender is the parent's own
 principal (postroom's own follow-ups and re-runs are linked by postroom itself).
@@ -25,7 +31,7 @@ from postroom.models import Chain, TaskState
 from postroom.settings import Settings
 from postroom.validation import FOLLOW_UP_NAMESPACES, CheckedEnvelope
 
-__all__ = ["Placement", "admit", "cancel", "charge", "get", "place"]
+__all__ = ["Placement", "admit", "cancel", "charge", "find", "get", "place"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,14 +71,7 @@ def place(tx: Tx, settings: Settings, checked: CheckedEnvelope
                                f"chain that its own sender's task is in")
         hops = int(parent["hops"]) + 1
     root = str(parent["root_task_id"] or parent["task_id"])
-    row = tx.one("chain_get_locked", root_task_id=root)
-    if row is None:  # a chain older than its row (its root pruned before version 10)
-        tx.change("chain_insert", root_task_id=root, principal=parent["principal"],
-                  max_hops=settings.max_hops, max_tasks=settings.max_chain_tasks,
-                  max_cost=settings.max_chain_cost, tasks=1, now=tx.now)
-        row = tx.one("chain_get_locked", root_task_id=root)
-        assert row is not None
-    chain = Chain.from_row(row)
+    chain = _locked(tx, settings, root, principal=parent["principal"])
     spent = transitions.chain_budget_spent(tasks=chain.tasks, max_tasks=chain.max_tasks,
                                            cost=chain.cost, max_cost=chain.max_cost)
     placed = replace(checked, hops=hops)
@@ -98,14 +97,17 @@ def _root(settings: Settings, checked: CheckedEnvelope, now: float) -> Placement
     return Placement(root_task_id=checked.task_id, max_hops=max_hops, opens=opens)
 
 
-def admit(tx: Tx, placed: Sequence[tuple[Placement, TaskState]]) -> None:
-    """Record new tasks in their chains: a root opens its chain, and each task born
-    ``pending`` counts against its chain's task budget."""
+def admit(tx: Tx, settings: Settings, placed: Sequence[tuple[Placement, TaskState]]) -> None:
+    """Record new tasks in their chains: a root opens its chain (its row written only if it
+    differs from the store's budgets with the root admitted, see the module docstring), and
+    each other task born ``pending`` counts against its chain's task budget."""
     opened = [{"root_task_id": placement.opens.root_task_id,
                "principal": placement.opens.principal, "max_hops": placement.opens.max_hops,
                "max_tasks": placement.opens.max_tasks, "max_cost": placement.opens.max_cost,
                "tasks": int(state is TaskState.PENDING), "now": tx.now}
-              for placement, state in placed if placement.opens is not None]
+              for placement, state in placed
+              if placement.opens is not None
+              and not _as_stored_by_default(settings, placement.opens, state)]
     if opened:
         tx.change_many("chain_insert", opened)
     for placement, state in placed:
@@ -113,28 +115,87 @@ def admit(tx: Tx, placed: Sequence[tuple[Placement, TaskState]]) -> None:
             tx.change("chain_admit", root_task_id=placement.root_task_id)
 
 
-def charge(tx: Tx, task_id: str, units: int) -> None:
+def _as_stored_by_default(settings: Settings, opens: Chain, state: TaskState) -> bool:
+    """Whether a new root's chain is what a missing row stands for: the store's budgets,
+    the root admitted to run, nothing charged."""
+    return (state is TaskState.PENDING and opens.max_hops == settings.max_hops
+            and opens.max_tasks == settings.max_chain_tasks
+            and opens.max_cost == settings.max_chain_cost)
+
+
+def _by_default(settings: Settings, root_task_id: str, principal: str,
+                created_at: float) -> Chain:
+    """The chain of a root that has no row yet (see the module docstring)."""
+    return Chain(root_task_id=root_task_id, principal=principal, max_hops=settings.max_hops,
+                 max_tasks=settings.max_chain_tasks, max_cost=settings.max_chain_cost,
+                 tasks=1, cost=0, created_at=created_at)
+
+
+def _locked(tx: Tx, settings: Settings, root_task_id: str, *, principal: str) -> Chain:
+    """The chain of ``root_task_id``, its row locked until the transaction ends: written
+    first if the chain has none (``principal`` names the chain's sender when its root is
+    no longer there to tell, as for a chain whose root was pruned before version 10)."""
+    row = tx.one("chain_get_locked", root_task_id=root_task_id)
+    if row is None:
+        root = tx.one("task_chain_of", task_id=root_task_id)
+        opened = _by_default(settings, root_task_id,
+                             principal if root is None else str(root["principal"]),
+                             tx.now if root is None else float(root["created_at"]))
+        tx.change("chain_insert", root_task_id=root_task_id, principal=opened.principal,
+                  max_hops=opened.max_hops, max_tasks=opened.max_tasks,
+                  max_cost=opened.max_cost, tasks=opened.tasks, now=opened.created_at)
+        row = tx.one("chain_get_locked", root_task_id=root_task_id)
+        assert row is not None
+    return Chain.from_row(row)
+
+
+def _root_of(tx: Tx, task_id: str) -> tuple[str, str]:
+    """The root of ``task_id``'s chain, and the principal of the task."""
+    row = tx.one("task_chain_of", task_id=task_id)
+    if row is None:
+        raise NotFound(f"no task {task_id}")
+    return str(row["root_task_id"] or row["task_id"]), str(row["principal"])
+
+
+def charge(tx: Tx, settings: Settings, task_id: str, units: int) -> None:
     """Charge ``units`` to the chain of ``task_id`` (a handler's cost, with its finish).
 
     A charge is what the work cost, so it is recorded even past the budget; the chain's new
     work is then refused.
     """
     if units:
-        tx.change("chain_charge", task_id=task_id, units=units)
+        root, principal = _root_of(tx, task_id)
+        _locked(tx, settings, root, principal=principal)
+        tx.change("chain_charge", root_task_id=root, units=units)
 
 
-def cancel(tx: Tx, root_task_id: str, reason: str) -> list[str]:
+def cancel(tx: Tx, settings: Settings, root_task_id: str, reason: str) -> list[str]:
     """Mark the chain of ``root_task_id`` cancelled (its row locked first, so no spawn
     slips in after the tasks are read: the chain's new work is born cancelled) and return
     its live tasks, for the caller to cancel each as a single cancel would."""
+    _, principal = _root_of(tx, root_task_id)
+    _locked(tx, settings, root_task_id, principal=principal)
     tx.change("chain_cancel", root_task_id=root_task_id, reason=reason, now=tx.now)
     return [str(row["task_id"]) for row in tx.all("chain_live_tasks",
                                                   root_task_id=root_task_id)]
 
 
-def get(tx: Tx, root_task_id: str) -> Chain:
-    """The chain whose root is ``root_task_id``; ``NotFound`` if there is none."""
+def find(tx: Tx, settings: Settings, root_task_id: str) -> Chain | None:
+    """The chain whose root is ``root_task_id`` (as its row has it, or as a root without
+    one stands for), or ``None`` if there is neither."""
     row = tx.one("chain_get", root_task_id=root_task_id)
-    if row is None:
+    if row is not None:
+        return Chain.from_row(row)
+    root = tx.one("task_chain_of", task_id=root_task_id)
+    if root is None or root["root_task_id"] is not None:
+        return None
+    return _by_default(settings, root_task_id, str(root["principal"]),
+                       float(root["created_at"]))
+
+
+def get(tx: Tx, settings: Settings, root_task_id: str) -> Chain:
+    """The chain whose root is ``root_task_id``; ``NotFound`` if there is none."""
+    chain = find(tx, settings, root_task_id)
+    if chain is None:
         raise NotFound(f"no chain with root {root_task_id}")
-    return Chain.from_row(row)
+    return chain

@@ -123,40 +123,50 @@ def check_position(settings: Settings, position: Position | None) -> Position | 
 
 def store_message(tx: Tx, settings: Settings, checked: CheckedEnvelope,
                   position: Position | None = None) -> Ack:
-    """Insert the inbox row and the task (and a reply if it is born terminal).
+    """Store the message as its task (with a reply if it is born terminal).
 
     A repeat of a stored identity with the same fingerprint is a duplicate and writes
     nothing; with a different fingerprint it is a ``PayloadCollision``.
+
+    A root is placed in its chain without reading anything, so its insert is the first thing
+    that learns whether its identity is stored. A message naming a parent looks first: placing
+    it reads (and may write) its chain, and a resend must stay a duplicate even after its
+    parent was pruned.
+
+    A prune can forget the identity between the insert that found it and the read of its
+    fingerprint (on PostgreSQL; SQLite runs one writer at a time). The read waits for that
+    prune, finds nothing, and the identity is then a new request: stored again, once.
     """
-    duplicate = _stored(tx, checked)
-    if not duplicate:
-        _insert_tasks(tx, settings, [checked])
+    for _ in range(2):
+        if checked.parent_task_id is not None and _stored_as(tx, checked):
+            duplicate = True
+            break
+        if _insert_tasks(tx, settings, [checked], each=True):
+            duplicate = False
+            break
+        if _stored_as(tx, checked):
+            duplicate = True
+            break
+    else:
+        raise StoreUnavailable(f"message {checked.message_id!r} from {checked.principal!r}: "
+                               "its identity was forgotten twice while it was being stored")
     if position is not None:
         _record_position(tx, checked, position)
     return Ack(task_id=checked.task_id, duplicate=duplicate)
 
 
-def _stored(tx: Tx, checked: CheckedEnvelope) -> bool:
-    """Insert the inbox row; ``True`` if the identity was already stored with this content.
-
-    A prune can forget the identity between the insert that found it and the read of its
-    fingerprint (on PostgreSQL; SQLite runs one writer at a time). The read waits for that
-    prune, finds nothing, and the identity is then a new request: insert it again, once.
-    """
-    for _ in range(2):
-        if tx.one("inbox_insert", **_inbox(checked, tx.now)) is not None:
-            return False
-        stored = tx.one("inbox_fingerprint", task_id=checked.task_id)
-        if stored is None:
-            continue
-        if stored["fingerprint"] != checked.fingerprint:
-            raise PayloadCollision(
-                f"message {checked.message_id!r} from {checked.principal!r}",
-                f"task {checked.task_id} was stored with fingerprint {stored['fingerprint']}, "
-                f"this one is {checked.fingerprint}")
-        return True
-    raise StoreUnavailable(f"message {checked.message_id!r} from {checked.principal!r}: "
-                           "its identity was forgotten twice while it was being stored")
+def _stored_as(tx: Tx, checked: CheckedEnvelope) -> bool:
+    """``True`` if the identity is stored with this content; ``PayloadCollision`` if with
+    other content; ``False`` if it is not stored."""
+    stored = tx.one("task_fingerprint", task_id=checked.task_id)
+    if stored is None:
+        return False
+    if stored["fingerprint"] != checked.fingerprint:
+        raise PayloadCollision(
+            f"message {checked.message_id!r} from {checked.principal!r}",
+            f"task {checked.task_id} was stored with fingerprint {stored['fingerprint']}, "
+            f"this one is {checked.fingerprint}")
+    return True
 
 
 def store_all(tx: Tx, settings: Settings, items: Sequence[CheckedEnvelope]) -> list[Ack]:
@@ -168,21 +178,15 @@ def store_all(tx: Tx, settings: Settings, items: Sequence[CheckedEnvelope]) -> l
     """
     if any(checked.parent_task_id is not None for checked in items):
         raise NotAllApplied("task_parent")
-    tx.change_each("inbox_insert", [_inbox(checked, tx.now) for checked in items])
-    _insert_tasks(tx, settings, items)
+    _insert_tasks(tx, settings, items, each=False)
     return [Ack(task_id=checked.task_id, duplicate=False) for checked in items]
-
-
-def _inbox(checked: CheckedEnvelope, now: float) -> dict[str, object]:
-    return {"task_id": checked.task_id, "principal": checked.principal,
-            "message_id": checked.message_id, "fingerprint": checked.fingerprint,
-            "envelope": checked.envelope, "now": now}
 
 
 def _task(checked: CheckedEnvelope, decision: TaskDecision, now: float,
           priority_weight: float, root_task_id: str) -> dict[str, object]:
     return {"task_id": checked.task_id, "principal": checked.principal,
-            "message_id": checked.message_id, "queue": checked.queue,
+            "message_id": checked.message_id, "fingerprint": checked.fingerprint,
+            "envelope": checked.envelope, "queue": checked.queue,
             "state": decision.to_state.value, "payload": checked.payload,
             "deadline": checked.deadline, "max_attempts": checked.max_attempts,
             "hops": checked.hops, "parent_task_id": checked.parent_task_id,
@@ -190,11 +194,19 @@ def _task(checked: CheckedEnvelope, decision: TaskDecision, now: float,
             "result": decision.result, "last_error": decision.last_error, "now": now,
             "available_at": decision.available_at, "not_before": checked.not_before,
             "priority": checked.priority, "priority_weight": priority_weight,
-            "retry_of": checked.retry_of, "root_task_id": root_task_id}
+            "retry_of": checked.retry_of,
+            "root_task_id": None if root_task_id == checked.task_id else root_task_id,
+            "ended_at": now if decision.to_state.terminal else None}
 
 
-def _insert_tasks(tx: Tx, settings: Settings, items: Sequence[CheckedEnvelope]) -> None:
-    """Create the tasks of newly stored messages, with the replies of born-terminal ones."""
+def _insert_tasks(tx: Tx, settings: Settings, items: Sequence[CheckedEnvelope], *,
+                  each: bool) -> bool:
+    """Create the tasks of new messages, with the replies of born-terminal ones.
+
+    ``each``: one message, inserted unless its identity is stored (``False``: nothing was
+    written). Otherwise a batch of new ones, one statement for all; an identity already
+    stored (or given twice) raises ``NotAllApplied``.
+    """
     now = tx.now
     placed = [chains.place(tx, settings, checked) for checked in items]
     decided = [(checked, transitions.initial_state(
@@ -204,9 +216,15 @@ def _insert_tasks(tx: Tx, settings: Settings, items: Sequence[CheckedEnvelope]) 
         for checked, placement in placed]
     rows = [_task(checked, decision, now, settings.priority_weight, placement.root_task_id)
             for (checked, decision), (_, placement) in zip(decided, placed, strict=True)]
-    tx.change_many("task_insert", rows)
-    chains.admit(tx, [(placement, decision.to_state)
-                      for (_, placement), (_, decision) in zip(placed, decided, strict=True)])
+    if each:
+        (row,) = rows
+        if tx.one("task_insert", **row) is None:
+            return False
+    else:
+        tx.change_each("task_insert", rows)
+    chains.admit(tx, settings, [
+        (placement, decision.to_state)
+        for (_, placement), (_, decision) in zip(placed, decided, strict=True)])
     outbox.insert_replies(tx, settings, [
         (row, decision.to_state, decision.reply_result)
         for row, (_, decision) in zip(rows, decided, strict=True)
@@ -218,6 +236,7 @@ def _insert_tasks(tx: Tx, settings: Settings, items: Sequence[CheckedEnvelope]) 
         for checked, decision in decided:
             tx.log(_log, logging.DEBUG, "task received", task_id=checked.task_id,
                    state=decision.to_state.value, last_error=decision.last_error)
+    return True
 
 
 def _record_position(tx: Tx, checked: CheckedEnvelope, position: Position) -> None:

@@ -496,7 +496,7 @@ class Task:
             not_before=None if row["not_before"] is None else float(row["not_before"]),
             priority=int(row["priority"]),
             retry_of=row["retry_of"],
-            root_task_id=row["root_task_id"],
+            root_task_id=row["root_task_id"] or row["task_id"],
         )
 
 

@@ -1,4 +1,4 @@
-"""Retention: the period a store promises to keep inbox identities, and pruning by it.
+"""Retention: the period a store promises to keep received identities, and pruning by it.
 
 The period is a promise to every sender (SPEC §2: an identity sent again within it is a
 duplicate), so it is the store's, not one process's: the first opener publishes its
@@ -91,11 +91,10 @@ def prune_once(tx: Tx, *, limit: int) -> tuple[int, int]:
                   floor=max(int(row["reply_fence"]) for row in rows))
     for row in rows:
         task_id = row["task_id"]
-        tx.change("prune_inbox", task_id=task_id)
         tx.change("prune_stream_positions", task_id=task_id)
         tx.change("prune_requeues", reply_id=reply_id_for(task_id))
         tx.change("prune_task_retries", task_id=task_id)
         tx.change("prune_chain", task_id=task_id)
-        tx.change("prune_reply", task_id=task_id)
-        tx.change("prune_task", task_id=task_id)
+        tx.change("prune_reply", id=row["id"])
+        tx.change("prune_task", id=row["id"])
     return len(rows), len(candidates)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from postroom import retention
+from postroom import chains, retention
 from postroom.db import Tx
 from postroom.db.dialect import Row
 from postroom.errors import InvalidInput, NotFound
@@ -33,7 +33,6 @@ from postroom.inbox import principal_of
 from postroom.models import (
     Attempt,
     AuthContext,
-    Chain,
     CommittedEffect,
     Observation,
     Page,
@@ -101,7 +100,7 @@ def requeues(tx: Tx, reply_id: str) -> list[Requeue]:
     return [Requeue.from_row(row) for row in tx.all("requeues_for_reply", reply_id=reply_id)]
 
 
-def story(tx: Tx, task_id: str) -> TaskStory:
+def story(tx: Tx, settings: Settings, task_id: str) -> TaskStory:
     """Everything durable about task ``task_id``; ``NotFound`` if there is no such task."""
     row = tx.one("task_get", task_id=task_id)
     if row is None:
@@ -113,14 +112,9 @@ def story(tx: Tx, task_id: str) -> TaskStory:
         deliveries=[] if found is None else Attempt.list_from(found["history"]),
         requeues=requeues(tx, reply_id_for(task_id)),
         waits=[Wait.from_row(wait) for wait in tx.all("waits_of_task", task_id=task_id)],
-        chain=_chain(tx, row["root_task_id"] or task_id),
+        chain=chains.find(tx, settings, row["root_task_id"] or task_id),
         side_effects=[CommittedEffect.from_row(effect)
                       for effect in tx.all("side_effects_of", task_id=task_id)])
-
-
-def _chain(tx: Tx, root_task_id: str) -> Chain | None:
-    found = tx.one("chain_get", root_task_id=root_task_id)
-    return None if found is None else Chain.from_row(found)
 
 
 def info(tx: Tx, settings: Settings, *, schema_version: int, settings_from: str
@@ -250,10 +244,14 @@ class PageRequest:
 
 
 #: The key each listing pages by, as the types of its parts.
+class _RowId:
+    """The kind of a cursor's part that is a row's id inside the store (63 bits)."""
+
+
 _KEYS: dict[str, tuple[type, ...]] = {
-    "list_tasks": (float, str),  # created_at, task_id (newest first)
+    "list_tasks": (float, _RowId),  # created_at, the task's id (newest first)
     "list_waits": (float, str, str, int),  # deadline, flow, step, generation
-    "list_dead_replies": (float, str),  # updated_at (when it died), reply_id
+    "list_dead_replies": (float, _RowId),  # updated_at (when it died), the reply's id
 }
 #: A cursor longer than any postroom makes is refused before it is decoded.
 _CURSOR_CHARS = 2048
@@ -323,20 +321,20 @@ def check_dead_reply_listing(*, limit: object, cursor: object) -> PageRequest:
 
 
 def list_tasks(tx: Tx, request: PageRequest) -> Page[Task]:
-    """A page of tasks, newest first by ``(created_at, task_id)``.
+    """A page of tasks, newest first by ``(created_at, id)`` (``id``: arrival order).
 
     Pending tasks are read from the partial index of the backlog and running ones from
     theirs (one per claim held, ordered among themselves); otherwise ``tasks_by_created`` is
     walked from the page's bound, testing each task against the filters.
     """
     filters = request.filters
-    upper: tuple[float, str] = (math.inf, "")
+    upper: tuple[float, int] = (math.inf, 0)
     if request.after is not None:
         upper = min(upper, (request.after[0], request.after[1]))
     if filters["created_before"] is not None:
-        upper = min(upper, (filters["created_before"], ""))  # "": below every task_id
+        upper = min(upper, (filters["created_before"], 0))  # 0: below every id
     params: dict[str, Any] = {
-        "upper_created": upper[0], "upper_task": upper[1],
+        "upper_created": upper[0], "upper_id": upper[1],
         "lower_created": (-math.inf if filters["created_after"] is None
                           else filters["created_after"]),
         "queue": filters["queue"], "principal": filters["principal"],
@@ -348,7 +346,7 @@ def list_tasks(tx: Tx, request: PageRequest) -> Page[Task]:
     else:
         rows = tx.all("tasks_page", state=filters["state"], **params)
     return _page(request, rows, Task.from_row,
-                 lambda row: (float(row["created_at"]), row["task_id"]))
+                 lambda row: (float(row["created_at"]), int(row["id"])))
 
 
 def list_waits(tx: Tx, request: PageRequest) -> Page[Wait]:
@@ -366,12 +364,12 @@ def list_waits(tx: Tx, request: PageRequest) -> Page[Wait]:
 
 
 def list_dead_replies(tx: Tx, request: PageRequest) -> Page[Reply]:
-    """A page of dead replies, the longest dead first (by when they died, then reply_id)."""
-    after = request.after if request.after is not None else (-math.inf, "")
-    rows = tx.all("replies_dead_page", after_updated=after[0], after_reply=after[1],
+    """A page of dead replies, the longest dead first (by when they died, then arrival)."""
+    after = request.after if request.after is not None else (-math.inf, 0)
+    rows = tx.all("replies_dead_page", after_updated=after[0], after_id=after[1],
                   limit=request.limit + 1)
     return _page(request, rows, Reply.from_row,
-                 lambda row: (float(row["updated_at"]), row["reply_id"]))
+                 lambda row: (float(row["updated_at"]), int(row["id"])))
 
 
 def receipt(tx: Tx, principal: str, event_id: str) -> SignalReceipt | None:
@@ -450,6 +448,8 @@ def _fits(value: object, kind: type) -> bool:
         return type(value) in (int, float) and math.isfinite(value)  # type: ignore[arg-type]
     if kind is int:
         return type(value) is int and 0 <= value < 2**31
+    if kind is _RowId:
+        return type(value) is int and 0 <= value < 2**63
     return type(value) is kind
 
 

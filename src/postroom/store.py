@@ -634,7 +634,7 @@ class Store:
         are kept in the task's own row, so they are pruned with it. ``NotFound`` if there is
         no such task."""
         check_text(task_id, "task_id", max_bytes=TASK_ID_BYTES)
-        return self._db.read(lambda tx: status.story(tx, task_id))
+        return self._db.read(lambda tx: status.story(tx, self._settings, task_id))
 
     def chain(self, task_id: str) -> Chain:
         """The chain ``task_id`` belongs to (its root, budgets and what it spent);
@@ -643,7 +643,7 @@ class Store:
 
         def read(tx: Tx) -> Chain:
             task = status.task(tx, task_id)
-            return chains.get(tx, task.root_task_id or task.task_id)
+            return chains.get(tx, self._settings, task.root_task_id or task.task_id)
 
         return self._db.read(read)
 

@@ -105,7 +105,7 @@ def apply(tx: Tx, settings: Settings, task_id: str, decision: TaskDecision, *,
     the guarded update matched.
     """
     row = tx.one("task_apply", task_id=task_id, from_state=from_state.value, fence=fence,
-                 now=tx.now, **_decided(decision, settings))
+                 now=tx.now, **_decided(decision, settings, tx.now))
     if row is None:
         return False
     after(tx, settings, row, decision)
@@ -143,18 +143,19 @@ def _current(claim: Claim, now: float) -> dict[str, Any]:
             "now": now, **{field: getattr(claim, field) for field, _, _ in _COPIED}}
 
 
-def _decided(decision: TaskDecision, settings: Settings) -> dict[str, Any]:
-    """The parameters that apply ``decision`` (the guarded statement adds where and when)."""
+def _decided(decision: TaskDecision, settings: Settings, now: float) -> dict[str, Any]:
+    """The parameters that apply ``decision`` at ``now`` (the guarded statement adds where)."""
     return {"to_state": decision.to_state.value, "available_at": decision.available_at,
             "priority_weight": settings.priority_weight,
             "result": decision.result, "last_error": decision.last_error,
-            "ended": None if decision.ended is None else decision.ended.value}
+            "ended": None if decision.ended is None else decision.ended.value,
+            "ended_at": now if decision.to_state.terminal else None}
 
 
 def _owned(claim: Claim, decision: TaskDecision, now: float,
            settings: Settings) -> dict[str, Any]:
     """Parameters of ``task_apply_owned``: apply ``decision`` while ``claim`` is current."""
-    return (_current(claim, now) | _decided(decision, settings)
+    return (_current(claim, now) | _decided(decision, settings, now)
             | {"give_back": int(decision.gives_back)})
 
 
@@ -341,7 +342,7 @@ def _with_finish(tx: Tx, settings: Settings, claim: Claim, *,
     """What commits with a finish, after its task moved: its side effects with their
     approvals' uses, then the charge, so that its follow-ups see what the chain has left."""
     approvals.consume(tx, claim.task_id, effects)
-    chains.charge(tx, claim.task_id, charge)
+    chains.charge(tx, settings, claim.task_id, charge)
     for follow_up in follow_ups:
         store_message(tx, settings, follow_up)
     openings = []
@@ -440,7 +441,7 @@ def cancel(tx: Tx, settings: Settings, task_id: str, *, reason: str) -> bool:
         raise NotFound(f"no task {task_id}")
     if (row["root_task_id"] or task_id) != task_id:
         return _cancel_one(tx, settings, task_id, reason=reason)
-    live = chains.cancel(tx, task_id, reason)
+    live = chains.cancel(tx, settings, task_id, reason)
     return sum(_cancel_one(tx, settings, member, reason=reason) for member in live) > 0
 
 

@@ -22,7 +22,7 @@ from postroom import Outcome, ReplyState, TaskState, faults
 from postroom.cli import main
 from tests.harness import children
 from tests.harness.children import python
-from tests.support import approved_child, drop_chain_row, envelope
+from tests.support import approved_child, envelope, orphan_from_its_chain
 
 
 def cli(*args: str) -> Result:
@@ -246,7 +246,7 @@ def test_inspect_tells_a_root_is_its_own_chains_root(db_url, live, auth):
 
 def test_inspect_of_a_task_without_a_chain_has_no_chain_section(db_url, live, auth):
     task_id = live.receive(auth, far("alone")).task_id
-    drop_chain_row(live, task_id)
+    orphan_from_its_chain(live, task_id)
     assert shown(cli("inspect", db_url, task_id, "--json"))["chain"] is None
     told = cli("inspect", db_url, task_id).stdout
     assert "\nchain " not in told and "budget" not in told

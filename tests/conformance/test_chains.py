@@ -35,6 +35,50 @@ def test_a_root_records_itself_as_its_chain_with_the_stores_budgets(store, auth)
         SETTINGS.max_hops, SETTINGS.max_chain_tasks, SETTINGS.max_chain_cost)
 
 
+def chain_rows(store: postroom.Store) -> dict[str, tuple[int, int]]:
+    """Every chain row as stored: (tasks admitted, cost charged) by root."""
+    return database_of(store).read(lambda tx: {
+        row["root_task_id"]: (int(row["tasks"]), int(row["cost"]))
+        for row in tx.execute("SELECT root_task_id, tasks, cost FROM chains")})
+
+
+def test_a_root_alone_within_the_stores_budgets_writes_no_chain_row(store, auth):
+    store.receive(auth, envelope())
+    assert chain_rows(store) == {}
+
+
+def test_a_root_that_lowers_a_budget_writes_its_chain_row_at_once(store, auth):
+    root = store.receive(auth, envelope(budget=Budget(tasks=5))).task_id
+    assert chain_rows(store) == {root: (1, 0)}
+
+
+def test_a_root_born_terminal_writes_its_chain_row_with_nothing_admitted(store, auth, clock):
+    root = store.receive(auth, envelope(deadline=clock.now() - 1)).task_id
+    assert store.task(root).state is TaskState.EXPIRED
+    assert chain_rows(store) == {root: (0, 0)}
+    assert store.chain(root).tasks == 0
+
+
+def test_a_roots_first_spawn_writes_its_chain_row_counting_the_root(store, auth):
+    root = store.receive(auth, envelope()).task_id
+    _spawn(store, store.claim("w"), "a", "b")
+    assert chain_rows(store) == {root: (3, 0)}
+
+
+def test_a_roots_first_charge_writes_its_chain_row(store, auth):
+    root = store.receive(auth, envelope()).task_id
+    _spawn(store, store.claim("w"), charge=4)
+    assert chain_rows(store) == {root: (1, 4)}
+
+
+def test_cancelling_a_root_alone_marks_its_chain_for_later_work(store, auth):
+    root = store.receive(auth, envelope()).task_id
+    assert store.cancel(root, reason="stop")
+    assert store.chain(root).cancel_reason == "stop"
+    linked = store.receive(auth, envelope("m-2", parent_task_id=root)).task_id
+    assert store.task(linked).state is TaskState.CANCELLED
+
+
 def test_a_root_may_lower_its_chains_budgets_but_never_raise_them(store, auth):
     ack = store.receive(auth, envelope(budget=Budget(hops=2, tasks=10**6, cost=7)))
     chain = store.chain(ack.task_id)

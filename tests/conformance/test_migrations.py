@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from contextlib import closing
+from dataclasses import replace
+
 import pytest
 
 import postroom
@@ -175,3 +178,106 @@ def closing_database(url: str):
     from contextlib import closing
 
     return closing(Database(dialect_for_url(url)))
+
+
+def _v11_task(tx, *, principal: str, message_id: str, state: str, created_at: float,
+              parent: str | None = None, root: str | None = None, fence: int = 0,
+              attempts: int = 0, owner: str | None = None, lease_until: float | None = None,
+              reply_state: str | None = None) -> str:
+    """Write a task as a store of schema 11 kept it: its inbox row beside it, its root named
+    even when it is its own, and its reply keyed by reply_id (if ``reply_state``)."""
+    from postroom.transitions import Route, reply_content
+    from postroom.validation import canonical_json, check_envelope
+
+    deadline = created_at + 4000
+    fields = {"message_id": message_id, "sender": principal, "payload": {"n": 1},
+              "deadline": deadline, "parent_task_id": parent, "hops": 0 if parent is None else 1}
+    checked = check_envelope(principal, fields, limits=postroom.Limits())
+    task_id = checked.task_id
+    tx.execute("INSERT INTO inbox VALUES (:t, :p, :m, :f, :e, :at)",
+               {"t": task_id, "p": principal, "m": message_id, "f": checked.fingerprint,
+                "e": checked.envelope, "at": created_at})
+    result = canonical_json("ok") if state == "done" else None
+    error = "gave up" if state == "failed" else None
+    tx.execute("INSERT INTO tasks (task_id, principal, message_id, queue, state, payload, "
+               "deadline, max_attempts, hops, parent_task_id, attempts, fence, owner, "
+               "lease_until, available_at, claim_at, result, last_error, created_at, "
+               "updated_at, requester, root_task_id) VALUES (:t, :p, :m, 'default', :s, "
+               "'{\"n\":1}', :d, 3, :h, :parent, :a, :fence, :owner, :lease, :at, :at, "
+               ":result, :error, :at, :at, 'planner', :root)",
+               {"t": task_id, "p": principal, "m": message_id, "s": state, "d": deadline,
+                "h": checked.hops, "parent": parent, "a": attempts, "fence": fence,
+                "owner": owner, "lease": lease_until, "at": created_at, "result": result,
+                "error": error, "root": root or task_id})
+    if reply_state is not None:
+        body = reply_content(task_id, postroom.TaskState(state),
+                             result or canonical_json({"error": error}),
+                             Route("planner", None, parent)).body
+        from postroom.validation import fingerprint
+
+        tx.execute("INSERT INTO replies (reply_id, task_id, status, body, fingerprint, "
+                   "requester, queue, state, attempts, budget, fence, available_at, "
+                   "last_error, created_at, updated_at, sent_at) VALUES (:r, :t, :s, :b, :f, "
+                   "'planner', 'default', :rs, 1, 3, 1, :at, :err, :at, :at, :sent)",
+                   {"r": "reply:" + task_id, "t": task_id, "s": state, "b": body,
+                    "f": fingerprint(body), "rs": reply_state, "at": created_at,
+                    "err": "HTTP 400" if reply_state == "dead" else None,
+                    "sent": created_at if reply_state == "sent" else None})
+    return task_id
+
+
+def test_an_upgrade_to_one_row_per_task_keeps_every_promise_made(make_url):
+    """Version 12 folds the inbox into the tasks and keys replies by their task's integer:
+    a store upgraded to it answers as it answered before -- a resend is a duplicate, other
+    content a collision, a stale claim fenced, fences keep rising -- and delivers, lists and
+    audits as a fresh one does."""
+    from postroom.audit import audit_url
+    from postroom.db import Write
+    from postroom.validation import follow_up_principal
+
+    url = make_url("v11")
+    with closing(Database(dialect_for_url(url), clock=postroom.ManualClock(1100.0))) as database:
+        database.migrate("store", target=11)
+        with database.transaction(Write("test.v11")) as tx:
+            root = _v11_task(tx, principal="planner", message_id="root", state="done",
+                             created_at=1000.0, fence=1, attempts=1, reply_state="sent")
+            child = _v11_task(tx, principal=follow_up_principal(root), message_id="part",
+                              state="running", created_at=1001.0, parent=root, root=root,
+                              fence=3, attempts=2, owner="w1", lease_until=1900.0)
+            waiting = _v11_task(tx, principal="planner", message_id="waiting",
+                                state="pending", created_at=1002.0, fence=5, attempts=1)
+            dead = _v11_task(tx, principal="planner", message_id="dead", state="failed",
+                             created_at=1003.0, fence=1, attempts=1, reply_state="dead")
+            tx.execute("INSERT INTO chains (root_task_id, principal, max_hops, max_tasks, "
+                       "tasks, created_at) VALUES (:r, 'planner', 4, 1000, 2, 1000)",
+                       {"r": root})
+            for alone in (waiting, dead):
+                tx.execute("INSERT INTO chains (root_task_id, principal, max_hops, "
+                           "max_tasks, tasks, created_at) VALUES (:r, 'planner', 4, 1000, 1, "
+                           "1002)", {"r": alone})
+    planner = postroom.AuthContext(principal="planner")
+    with postroom.open_store(url, clock=postroom.ManualClock(1100.0)) as store:
+        resent = envelope("waiting", payload={"n": 1}, deadline=5002.0)
+        assert store.receive(planner, resent).duplicate
+        with pytest.raises(postroom.PayloadCollision):
+            store.receive(planner, replace(resent, payload={"n": 2}))
+        held = store.task(child)
+        claim = postroom.Claim(
+            task_id=child, owner="w1", fence=3, attempt=2, max_attempts=3, payload={"n": 1},
+            queue="default", hops=1, deadline=held.deadline, lease_until=1900.0,
+            principal=held.principal, message_id="part", requester="planner")
+        with pytest.raises(postroom.Fenced):
+            store.finish(replace(claim, fence=2), "stale")
+        store.finish(claim, "done at last")
+        again = store.claim("w2")
+        assert (again.task_id, again.fence, again.attempt) == (waiting, 6, 2)
+        assert (store.task(child).root_task_id, store.chain(child).tasks) == (root, 2)
+        assert [task.task_id for task in store.list_tasks().items] == [
+            dead, waiting, child, root]
+        store.requeue_reply(f"reply:{dead}", operator="ops", reason="receiver fixed")
+        receiver = postroom.Receiver.open(make_url("receiver"))
+        with receiver:
+            report = store.dispatch(postroom.InProcessTransport(receiver), limit=10)
+            assert (report.claimed, report.sent) == (2, 2)
+            assert store.reply(root).state is postroom.ReplyState.SENT
+    assert audit_url(url) == []

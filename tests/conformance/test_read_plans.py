@@ -59,11 +59,11 @@ class Read:
 
 def page(**params: object) -> dict[str, object]:
     """Parameters of a task page: the first page, no filters, unless told."""
-    return {"upper_created": math.inf, "upper_task": "", "lower_created": -math.inf,
+    return {"upper_created": math.inf, "upper_id": 0, "lower_created": -math.inf,
             "queue": None, "principal": None, "limit": 101, **params}
 
 
-NEXT = {"upper_created": START + 3, "upper_task": "8" * 64}  # a later page's bound
+NEXT = {"upper_created": START + 3, "upper_id": 1500}  # a later page's bound
 
 
 def second_page(**filters: object) -> Callable[[postroom.Store], dict[str, object]]:
@@ -71,7 +71,13 @@ def second_page(**filters: object) -> Callable[[postroom.Store], dict[str, objec
 
     def params(store: postroom.Store) -> dict[str, object]:
         last = store.list_tasks(limit=100, **filters).items[-1]  # type: ignore[arg-type]
-        return page(upper_created=last.created_at, upper_task=last.task_id,
+        dialect = database_of(store).dialect
+        with dialect.connection() as conn:
+            row = dialect.execute(conn, dialect.convert(
+                "SELECT id FROM tasks WHERE task_id = :task_id"), {"task_id": last.task_id}
+            ).fetchone()
+            dialect.rollback(conn)
+        return page(upper_created=last.created_at, upper_id=int(row["id"]),
                     queue=filters.get("queue"))
 
     return params
@@ -115,12 +121,12 @@ READS = {
     "observe_oldest_undelivered": Read("observe_oldest_undelivered", {}, "replies_ready",
                                        frozenset(LIVE_REPLIES), sorts=True),
     "replies_dead_page": Read("replies_dead_page", {"after_updated": -math.inf,
-                                                    "after_reply": "", "limit": 101},
+                                                    "after_id": 0, "limit": 101},
                               "replies_dead"),
 }
 
 _SQLITE_READ = re.compile(r"^(?:SCAN|SEARCH) (\w+)(?: AS \w+)?"
-                          r"(?: USING (?:COVERING )?INDEX (\w+))?")
+                          r"(?: USING (?:(?:COVERING )?INDEX (\w+)|(INTEGER PRIMARY KEY)))?")
 _PG_INDEX = re.compile(r"\b(?:Index Only Scan|Index Scan)(?: Backward)? using (\w+) on (\w+)"
                        r"|\bBitmap Index Scan on (\w+)")
 _PG_TABLE_SCAN = re.compile(r"\bSeq Scan on (\w+)")
@@ -135,7 +141,9 @@ def indexes_walked(dialect: str, lines: list[str]) -> tuple[set[str], list[str]]
         table = index = None
         if dialect == "sqlite":
             if (read := _SQLITE_READ.match(line.strip())) is not None:
-                table, index = read.groups()
+                table, index, by_key = read.groups()
+                if by_key is not None:  # one row by its key, named as PostgreSQL names it
+                    index = f"{table}_pkey"
         elif (scan := _PG_TABLE_SCAN.search(line)) is not None:
             table = scan.group(1)
         elif (found := _PG_INDEX.search(line)) is not None:
@@ -329,9 +337,11 @@ def test_the_wait_counts_pass_the_wait_plan_rules(populated):
 
 def test_the_plan_reader_sees_a_whole_table_and_the_indexes_walked():
     sqlite = ["SCAN tasks", "SEARCH tasks USING INDEX tasks_by_created (created_at<?)",
-              "SCAN replies USING COVERING INDEX replies_dead", "SCAN postroom_counts"]
+              "SCAN replies USING COVERING INDEX replies_dead", "SCAN postroom_counts",
+              "SEARCH replies USING INTEGER PRIMARY KEY (rowid=?) LEFT-JOIN"]
     assert indexes_walked("sqlite", sqlite) == (
-        {"tasks_by_created", "replies_dead", "postroom_counts"}, ["SCAN tasks"])
+        {"tasks_by_created", "replies_dead", "postroom_counts", "replies_pkey"},
+        ["SCAN tasks"])
     postgres = ["Append", "  ->  Seq Scan on replies  (cost=0..9)",
                 "  ->  Index Scan Backward using tasks_by_created on tasks  (cost=1..2)",
                 "        ->  Bitmap Index Scan on replies_dead  (cost=1..2)",

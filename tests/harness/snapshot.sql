@@ -3,12 +3,14 @@
 -- left). The store itself never runs these: ``tests/harness/queries.py`` loads them.
 
 -- name: snapshot_tasks
--- Every task, with the fingerprint and arrival time of its inbox identity, and whether it
+-- Every task (the root of its chain: itself for a root), with the fingerprint and arrival
+-- time of its identity, and whether it
 -- holds a stream position above its stream's watermark (which pruning keeps).
 SELECT tasks.task_id, tasks.state, tasks.queue, tasks.owner, tasks.fence, tasks.attempts,
        tasks.max_attempts, tasks.lease_until, tasks.available_at, tasks.deadline, tasks.hops,
        tasks.parent_task_id, tasks.result, tasks.not_before, tasks.priority, tasks.claim_at,
-       tasks.retry_of, tasks.root_task_id, inbox.fingerprint, inbox.received_at,
+       tasks.retry_of, coalesce(tasks.root_task_id, tasks.task_id) AS root_task_id,
+       tasks.principal, tasks.fingerprint, tasks.created_at AS received_at,
        CASE WHEN EXISTS (
            SELECT 1 FROM stream_positions
            JOIN streams ON streams.principal = stream_positions.principal
@@ -17,7 +19,6 @@ SELECT tasks.task_id, tasks.state, tasks.queue, tasks.owner, tasks.fence, tasks.
              AND stream_positions.seq > streams.watermark) THEN 1 ELSE 0 END
            AS above_watermark
 FROM tasks
-LEFT JOIN inbox ON inbox.task_id = tasks.task_id
 
 -- name: snapshot_replies
 -- Every reply (its content by fingerprint) with how many times an operator requeued it.

@@ -20,6 +20,7 @@ from typing import Any
 
 from postroom.errors import Fenced
 from postroom.models import Budget, Claim, FollowUp, TaskState
+from postroom.settings import Settings
 from postroom.transitions import reply_id_for
 from postroom.validation import follow_up_principal, task_id_for
 from tests.harness.simulation.checks import CHECKS, Transition
@@ -34,7 +35,8 @@ from tests.harness.simulation.operations import (
 )
 from tests.harness.simulation.world import SNAPSHOT_TABLES, Row, Snapshot, Table, World
 
-__all__ = ["CHAIN_CHECKS", "CHAIN_OPERATIONS", "CHAIN_TABLES", "admit", "chain_of", "state_of"]
+__all__ = ["CHAIN_CHECKS", "CHAIN_OPERATIONS", "CHAIN_TABLES", "admit", "chain_of", "state_of",
+           "stored_or_default"]
 
 CHAIN_TABLES = [Table("chains", "snapshot_chains", "root_task_id", "store")]
 
@@ -46,12 +48,26 @@ def _chains(snapshot: Snapshot) -> Mapping[str, Row]:
     return snapshot.tables["chains"]
 
 
-def chain_of(snapshot: Snapshot, task_id: str) -> Row | None:
-    """The chain row of a stored task (``None`` if the task or its chain is not stored)."""
+def chain_of(snapshot: Snapshot, task_id: str, settings: Settings) -> Row | None:
+    """The chain of a stored task: its row, or what a root without one stands for (the
+    store's budgets, the root admitted, nothing charged: see ``postroom.chains``); ``None``
+    if the task is not stored, or is a member of a chain with no row."""
     task = snapshot.tasks.get(task_id)
     if task is None:
         return None
-    return _chains(snapshot).get(task["root_task_id"] or task_id)
+    return stored_or_default(snapshot, task["root_task_id"] or task_id, settings)
+
+
+def stored_or_default(snapshot: Snapshot, root: str, settings: Settings) -> Row | None:
+    """The row of the chain of ``root``, or the chain a stored root without one stands for."""
+    stored = _chains(snapshot).get(root)
+    task = snapshot.tasks.get(root)
+    if stored is not None or task is None or task["root_task_id"] != root:
+        return stored
+    return {"root_task_id": root, "principal": task["principal"],
+            "max_hops": settings.max_hops, "max_tasks": settings.max_chain_tasks,
+            "max_cost": settings.max_chain_cost, "tasks": 1, "cost": 0,
+            "cancelled_at": None, "created_at": task["received_at"]}
 
 
 def admit(chain: dict[str, Any], *, deadline: float, hops: int, now: float) -> str:
@@ -120,7 +136,7 @@ def plan_spawn(world: World) -> Action | None:
     rng = world.rng
     now = max(world.clock.now(), world.last.high_water)
     budgeted = [claim for claim in world.claims if is_current(claim, world.last, now)
-                and _budgeted(world, chain_of(world.last, claim.task_id))]
+                and _budgeted(world, chain_of(world.last, claim.task_id, world.settings))]
     if budgeted and rng.random() < 0.8:
         claim: Claim | None = rng.choice(budgeted)
     else:
@@ -155,7 +171,7 @@ def _check_spawn(step: Step, task_id: str, children: list[FollowUp], charge: int
     before, after, now = step.before, step.after(), step.now
     parent = before.tasks[task_id]
     root = parent["root_task_id"] or task_id
-    held = _chains(before).get(root)
+    held = stored_or_default(before, root, step.world.settings)
     step.expect(held is not None, f"the chain {root} of {task_id} is not stored")
     assert held is not None
     chain = {**held, "cost": held["cost"] + charge}

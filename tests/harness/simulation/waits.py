@@ -40,7 +40,7 @@ from postroom.models import (
 from postroom.transitions import reply_id_for
 from postroom.validation import canonical_json, task_id_for
 from postroom.waits import WaitAddress, follow_up_namespace
-from tests.harness.simulation.chains import admit, chain_of, state_of
+from tests.harness.simulation.chains import admit, chain_of, state_of, stored_or_default
 from tests.harness.simulation.checks import CHECKS, KEEPERS, Transition
 from tests.harness.simulation.operations import (
     OPERATIONS,
@@ -219,7 +219,12 @@ class WaitModel:
             elif name == "chains":  # each follow-up admitted counts in its chain
                 chains = {key: dict(row) for key, row in was.items()}
                 for parent, effect in self.follow_ups.values():
-                    chain = chains.get(parent["root_task_id"] or parent["task_id"])
+                    root = parent["root_task_id"] or parent["task_id"]
+                    if root not in chains:  # a root alone gets its row with its first child
+                        found = stored_or_default(before, root, self.step.world.settings)
+                        if found is not None:
+                            chains[root] = dict(found)
+                    chain = chains.get(root)
                     if chain is not None:
                         admit(chain, deadline=_follow_up_deadline(parent, effect),
                               hops=parent["hops"] + 1, now=self.now)
@@ -663,7 +668,7 @@ def _check_follow_up(step: Step, task_id: str, parent: Row, effect: FollowUp) ->
     deadline = _follow_up_deadline(parent, effect)
     hops = parent["hops"] + 1
     # Born in its parent's chain: cancelled with it, or within its hop, task and cost budgets.
-    chain = chain_of(step.before, parent["task_id"])
+    chain = chain_of(step.before, parent["task_id"], step.world.settings)
     step.expect(chain is not None, f"the parent {parent['task_id']} of {task_id} has no chain")
     assert chain is not None
     state = state_of(admit(dict(chain), deadline=deadline, hops=hops, now=step.now))

@@ -5,21 +5,23 @@
 -- name: audit_store_terminal_task_without_reply
 -- Every terminal task has exactly one reply.
 SELECT tasks.task_id AS identity, tasks.state AS detail FROM tasks
-LEFT JOIN replies ON replies.task_id = tasks.task_id
-WHERE tasks.state IN ({terminal_task_states}) AND replies.reply_id IS NULL
+LEFT JOIN replies ON replies.id = tasks.id
+WHERE tasks.state IN ({terminal_task_states}) AND replies.id IS NULL
 
 -- name: audit_store_reply_for_live_task
 -- No reply exists for a task that is not terminal (or for no task at all).
 SELECT replies.reply_id AS identity, coalesce(tasks.state, 'no task') AS detail FROM replies
-LEFT JOIN tasks ON tasks.task_id = replies.task_id
-WHERE tasks.task_id IS NULL OR tasks.state IN ({live_task_states})
+LEFT JOIN tasks ON tasks.id = replies.id
+WHERE tasks.id IS NULL OR tasks.state IN ({live_task_states})
 
 -- name: audit_store_reply_status_mismatch
 -- A reply reports its task's terminal state and is named after its task.
 SELECT replies.reply_id AS identity,
-       'reply says ' || replies.status || ', task is ' || tasks.state AS detail
-FROM replies JOIN tasks ON tasks.task_id = replies.task_id
-WHERE replies.status <> tasks.state OR replies.reply_id <> 'reply:' || tasks.task_id
+       'reply says ' || replies.status || ' of ' || replies.task_id || ', task '
+       || tasks.task_id || ' is ' || tasks.state AS detail
+FROM replies JOIN tasks ON tasks.id = replies.id
+WHERE replies.status <> tasks.state OR replies.task_id <> tasks.task_id
+   OR replies.reply_id <> 'reply:' || tasks.task_id
 
 -- name: audit_store_running_without_owner_or_lease
 -- A running task has an owner and a lease.
@@ -90,17 +92,13 @@ WHERE state = 'dead' AND last_error IS NULL
 SELECT reply_id AS identity, 'sent without sent_at' AS detail FROM replies
 WHERE state = 'sent' AND sent_at IS NULL
 
--- name: audit_store_task_without_inbox
--- Every task was stored from an accepted message (or follow-up) in the inbox.
-SELECT tasks.task_id AS identity, 'no inbox row' AS detail FROM tasks
-LEFT JOIN inbox ON inbox.task_id = tasks.task_id
-WHERE inbox.task_id IS NULL
-
--- name: audit_store_inbox_without_task
--- Every stored message has its task.
-SELECT inbox.task_id AS identity, 'no task row' AS detail FROM inbox
-LEFT JOIN tasks ON tasks.task_id = inbox.task_id
-WHERE tasks.task_id IS NULL
+-- name: audit_store_task_end_mismatch
+-- A task has an end time exactly when it is terminal (the index of live deadlines holds the
+-- tasks without one), and it did not end before it was created.
+SELECT task_id AS identity,
+       state || ' with ended_at ' || coalesce(CAST(ended_at AS TEXT), 'NULL') AS detail
+FROM tasks
+WHERE (ended_at IS NULL) <> (state IN ({live_task_states})) OR ended_at < created_at
 
 -- name: audit_store_decided_after_high_water
 -- No decision used a time later than the persisted high-water mark (its greatest row).
@@ -113,18 +111,18 @@ WHERE tasks.updated_at > clock.high_water
 -- Every requeue decision belongs to a reply.
 SELECT reply_requeues.reply_id AS identity, 'requeue of a missing reply' AS detail
 FROM reply_requeues
-LEFT JOIN replies ON replies.reply_id = reply_requeues.reply_id
-WHERE replies.reply_id IS NULL
+LEFT JOIN tasks ON tasks.task_id = substr(reply_requeues.reply_id, 7)
+LEFT JOIN replies ON replies.id = tasks.id AND replies.reply_id = reply_requeues.reply_id
+WHERE replies.id IS NULL
 
 -- name: audit_store_contents
 -- Rows whose content the audit re-derives in Python (identities and fingerprints).
-SELECT inbox.task_id, inbox.principal, inbox.message_id, inbox.fingerprint, inbox.envelope,
+SELECT tasks.task_id, tasks.principal, tasks.message_id, tasks.fingerprint, tasks.envelope,
        replies.reply_id, replies.body, replies.fingerprint AS reply_fingerprint,
        replies.status, replies.requester AS reply_requester, tasks.result, tasks.last_error,
        tasks.requester, tasks.correlation_id, tasks.parent_task_id
-FROM inbox
-LEFT JOIN replies ON replies.task_id = inbox.task_id
-LEFT JOIN tasks ON tasks.task_id = inbox.task_id
+FROM tasks
+LEFT JOIN replies ON replies.id = tasks.id
 
 -- Waits, receipts, continuations and effects (SPEC §5, §8). Foreign keys already keep
 -- every wait in a slot, every continuation with its wait and every effect with its
@@ -381,32 +379,38 @@ WHERE receiver_effects.reply_id IS NULL
 
 -- name: audit_store_chain_over_budget
 -- No chain admitted more tasks than its task budget, and every task of a chain that was
--- pending or ran was admitted (counted in its chain's row). (Cost is charged by work that
--- already happened, so a chain's cost may pass its budget; its later work is refused.)
+-- pending or ran was admitted (counted in its chain's row): its root and its members. (Cost
+-- is charged by work that already happened, so a chain's cost may pass its budget; its later
+-- work is refused.)
 SELECT chains.root_task_id AS identity,
        'admitted ' || chains.tasks || ' of ' || chains.max_tasks || ' tasks, '
        || (SELECT count(*) FROM tasks
-           WHERE tasks.root_task_id = chains.root_task_id
+           WHERE (tasks.root_task_id = chains.root_task_id
+                  OR tasks.task_id = chains.root_task_id)
              AND (tasks.attempts > 0 OR tasks.state IN ('pending', 'running')))
        || ' pending or run' AS detail
 FROM chains
 WHERE chains.tasks > chains.max_tasks
    OR chains.tasks < (SELECT count(*) FROM tasks
-                      WHERE tasks.root_task_id = chains.root_task_id
+                      WHERE (tasks.root_task_id = chains.root_task_id
+                             OR tasks.task_id = chains.root_task_id)
                         AND (tasks.attempts > 0 OR tasks.state IN ('pending', 'running')))
 
 -- name: audit_store_task_without_chain
--- Every task is in a chain whose row exists, and a linked task is one hop below its parent
--- in its parent's chain.
+-- Every member of a chain (a task with a root) is in a chain whose row exists -- a root alone
+-- may have none yet (postroom.chains) --, and a linked task is one hop below its parent in
+-- its parent's chain.
 SELECT tasks.task_id AS identity,
-       'root ' || coalesce(tasks.root_task_id, 'NULL') || ', parent '
+       'root ' || coalesce(tasks.root_task_id, 'itself') || ', parent '
        || coalesce(tasks.parent_task_id, 'none') AS detail
 FROM tasks
 LEFT JOIN chains ON chains.root_task_id = tasks.root_task_id
 LEFT JOIN tasks parent ON parent.task_id = tasks.parent_task_id
-WHERE chains.root_task_id IS NULL
+WHERE (tasks.root_task_id IS NOT NULL AND chains.root_task_id IS NULL)
    OR (parent.task_id IS NOT NULL
-       AND (parent.root_task_id <> tasks.root_task_id OR tasks.hops <> parent.hops + 1))
+       AND (coalesce(parent.root_task_id, parent.task_id)
+                <> coalesce(tasks.root_task_id, tasks.task_id)
+            OR tasks.hops <> parent.hops + 1))
 
 -- name: audit_store_approval_uses_mismatch
 -- Every use of an approval has exactly one side effect and one 'used' event, none beyond its

@@ -1,6 +1,8 @@
 -- Chains (SPEC §7): a root and everything spawned from it, with the budgets it runs within.
 -- The spawning transaction locks its chain's row, so concurrent spawns into one chain are
--- counted one after another; other chains are never waited for.
+-- counted one after another; other chains are never waited for. A root that ran alone within
+-- the store's budgets needs no row: it is written when the chain first needs one (see
+-- postroom.chains).
 
 -- name: chain_insert
 -- Open the chain a root starts, with its budgets and whether the root itself runs.
@@ -23,14 +25,17 @@ SELECT * FROM chains WHERE root_task_id = :root_task_id {for_update}
 UPDATE chains SET tasks = tasks + 1 WHERE root_task_id = :root_task_id
 
 -- name: chain_charge
--- Charge cost units to the chain of a task (a handler's ctx.charge, with its finish).
-UPDATE chains SET cost = cost + :units
-WHERE root_task_id = (SELECT root_task_id FROM tasks WHERE task_id = :task_id)
+-- Charge cost units to a chain (a handler's ctx.charge, with its finish).
+UPDATE chains SET cost = cost + :units WHERE root_task_id = :root_task_id
 
 -- name: task_parent
--- What a new task takes from the parent it names: its principal, hops and chain; kept from
--- a concurrent prune until the transaction ends.
+-- What a new task takes from the parent it names: its principal, hops and chain (its root;
+-- NULL when it is one); kept from a concurrent prune until the transaction ends.
 SELECT task_id, principal, hops, root_task_id FROM tasks WHERE task_id = :task_id {for_share}
+
+-- name: task_chain_of
+-- A task's root (NULL: the task is a root) and principal, for its chain's row.
+SELECT task_id, root_task_id, principal, created_at FROM tasks WHERE task_id = :task_id
 
 -- name: chain_cancel
 -- Mark a chain cancelled (its root was): its new work is born cancelled.
@@ -38,10 +43,13 @@ UPDATE chains SET cancelled_at = :now, cancel_reason = :reason
 WHERE root_task_id = :root_task_id AND cancelled_at IS NULL
 
 -- name: chain_live_tasks
--- The live tasks of a chain, to cancel with its root.
-SELECT task_id FROM tasks
+-- The live tasks of a chain, to cancel with its root: the root, then its members.
+SELECT task_id, created_at, id FROM tasks
+WHERE task_id = :root_task_id AND state IN ({live_task_states})
+UNION ALL
+SELECT task_id, created_at, id FROM tasks
 WHERE root_task_id = :root_task_id AND state IN ({live_task_states})
-ORDER BY created_at, task_id
+ORDER BY created_at, id
 
 -- name: fan_in_insert
 -- A task waits for all of its children with this wait generation.
@@ -57,4 +65,4 @@ SELECT * FROM fan_ins WHERE task_id = :task_id {for_update}
 -- A task's children and how each ended (NULL while live), oldest first.
 SELECT task_id, message_id, state, result, last_error FROM tasks
 WHERE parent_task_id = :task_id
-ORDER BY created_at, task_id
+ORDER BY created_at, id

@@ -11,7 +11,7 @@ SELECT ((NOT EXISTS (SELECT 1 FROM paused_queues WHERE queue = :queue)
               ORDER BY claim_at LIMIT 1) IS NOT NULL)
         OR (SELECT lease_until FROM tasks WHERE state = 'running' AND lease_until <= :now
             ORDER BY lease_until LIMIT 1) IS NOT NULL
-        OR (SELECT deadline FROM tasks WHERE state IN ({live_task_states}) AND deadline <= :now
+        OR (SELECT deadline FROM tasks WHERE ended_at IS NULL AND deadline <= :now
             ORDER BY deadline LIMIT 1) IS NOT NULL) AS due
 
 -- name: sweep_due
@@ -24,7 +24,7 @@ SELECT ((:leases = 1 AND (SELECT lease_until FROM tasks
                              WHERE state = 'sending' AND lease_until <= :now
                              ORDER BY lease_until LIMIT 1) IS NOT NULL)
         OR (:deadlines = 1 AND (SELECT deadline FROM tasks
-                                WHERE state IN ({live_task_states}) AND deadline <= :now
+                                WHERE ended_at IS NULL AND deadline <= :now
                                 ORDER BY deadline LIMIT 1) IS NOT NULL)) AS due
 
 -- name: waits_due_any

@@ -66,7 +66,7 @@ UPDATE endpoints SET updated_at = :now WHERE principal = :principal
 WITH picked AS ({reply_head})
 UPDATE replies SET parked_at = :now, updated_at = :now
 FROM picked
-WHERE replies.reply_id = picked.reply_id AND replies.state = 'pending'
+WHERE replies.id = picked.id AND replies.state = 'pending'
   AND replies.parked_at IS NULL
   AND NOT EXISTS (SELECT 1 FROM endpoints
                   WHERE endpoints.principal = replies.requester

@@ -1,22 +1,32 @@
 -- The outbox of replies. Reply transitions are guarded by state and fence exactly like task
--- transitions. (The receiver's receipts are in receiver.sql.)
+-- transitions. (The receiver's receipts are in receiver.sql.) A reply is keyed by its task's
+-- id; its reply_id and task_id are found through the task's identity.
+
+-- fragment: reply_of_task
+-- The reply of the task :task_id.
+replies.id = (SELECT tasks.id FROM tasks WHERE tasks.task_id = :task_id)
+
+-- fragment: reply_named
+-- The reply :reply_id ("reply:" and its task's id).
+replies.id = (SELECT tasks.id FROM tasks WHERE tasks.task_id = substr(:reply_id, 7))
+  AND replies.reply_id = :reply_id
 
 -- name: reply_insert
 -- Write a terminal task's reply; its id and content never change afterwards. Its fence
 -- starts at the floor of replies (see fence_floor_raise in tasks.sql).
-INSERT INTO replies (reply_id, task_id, status, body, fingerprint, requester, queue, state,
-                     attempts, budget, fence, available_at, created_at, updated_at)
-VALUES (:reply_id, :task_id, :status, :body, :fingerprint, :requester, :queue, 'pending', 0,
-        :budget, (SELECT floor FROM postroom_fence_floors WHERE kind = 'reply'), :now, :now,
-        :now)
+INSERT INTO replies (id, reply_id, task_id, status, body, fingerprint, requester, queue,
+                     state, attempts, budget, fence, available_at, created_at, updated_at)
+VALUES ((SELECT id FROM tasks WHERE task_id = :task_id), :reply_id, :task_id, :status, :body,
+        :fingerprint, :requester, :queue, 'pending', 0, :budget,
+        (SELECT floor FROM postroom_fence_floors WHERE kind = 'reply'), :now, :now, :now)
 
 -- name: reply_get
 -- One reply, whole, by its task.
-SELECT * FROM replies WHERE task_id = :task_id
+SELECT * FROM replies WHERE {reply_of_task}
 
 -- name: reply_get_by_id
 -- One reply, whole, by its id.
-SELECT * FROM replies WHERE reply_id = :reply_id
+SELECT * FROM replies WHERE {reply_named}
 
 -- name: replies_lease_expired
 -- Replies whose publisher's lease ran out while sending, oldest first (bounded sweep,
@@ -31,7 +41,7 @@ LIMIT :limit
 -- The head of the claimable replies: up to :limit due ones, oldest first (locked rows
 -- skipped), from the replies_ready index; a claim takes them, a routed claim first parks
 -- the ones whose requester has no enabled endpoint (replies_park in endpoints.sql).
-SELECT reply_id FROM replies
+SELECT id FROM replies
 WHERE state = 'pending' AND parked_at IS NULL AND available_at <= :now
 ORDER BY available_at
 LIMIT :limit
@@ -52,7 +62,7 @@ SET state = 'sending', owner = :owner, lease_until = :lease_until, fence = fence
                                  WHERE endpoints.principal = replies.requester), budget)
                   ELSE budget END
 FROM picked
-WHERE replies.reply_id = picked.reply_id AND replies.state = 'pending'
+WHERE replies.id = picked.id AND replies.state = 'pending'
   AND (:routed = 0 OR EXISTS (SELECT 1 FROM endpoints
                               WHERE endpoints.principal = replies.requester
                                 AND endpoints.disabled_at IS NULL))
@@ -68,15 +78,15 @@ SET state = :to_state, owner = NULL, lease_until = NULL, available_at = :availab
     last_error = :last_error, sent_at = :sent_at,
     history = CASE WHEN state = 'sending' THEN {history_close} ELSE history END,
     updated_at = :now
-WHERE reply_id = :reply_id AND state = :from_state AND fence = :fence
+WHERE {reply_named} AND state = :from_state AND fence = :fence
 RETURNING reply_id, queue
 
 -- fragment: reply_claim_is_current
 -- The reply is sending under this very claim. The outcome was decided from the claim's
 -- attempt and budget, and what was delivered is its body: a claim whose copy of them differs
 -- from the reply's own is not this reply's claim.
-reply_id = :reply_id AND state = 'sending' AND owner = :claim_owner AND fence = :fence
-  AND task_id = :task_id AND attempts = :attempt AND budget = :budget AND body = :body
+{reply_of_task} AND reply_id = :reply_id AND state = 'sending' AND owner = :claim_owner
+  AND fence = :fence AND task_id = :task_id AND attempts = :attempt AND budget = :budget AND body = :body
   AND fingerprint = :fingerprint AND requester {same_as} :requester
 
 -- name: reply_apply_owned
@@ -102,7 +112,7 @@ RETURNING reply_id
 -- An operator sends a dead reply again: a fresh delivery budget, same id and content.
 UPDATE replies
 SET state = 'pending', attempts = 0, available_at = :now, updated_at = :now
-WHERE reply_id = :reply_id AND state = 'dead'
+WHERE {reply_named} AND state = 'dead'
 RETURNING attempts
 
 -- name: requeue_insert

@@ -43,9 +43,9 @@ SELECT 'continuations_unconsumed' AS name, count(*) AS n
 FROM wait_continuations WHERE consumed_at IS NULL
 
 -- fragment: task_page_bounds
--- A page of tasks below the key (:upper_created, :upper_task), created after
+-- A page of tasks below the key (:upper_created, :upper_id), created after
 -- :lower_created, of :queue and :principal when given.
-(created_at, task_id) < (:upper_created, :upper_task) AND created_at > :lower_created
+(created_at, id) < (:upper_created, :upper_id) AND created_at > :lower_created
   AND (CAST(:queue AS TEXT) IS NULL OR queue = :queue)
   AND (CAST(:principal AS TEXT) IS NULL OR principal = :principal)
 
@@ -54,14 +54,14 @@ FROM wait_continuations WHERE consumed_at IS NULL
 -- history, and this walks tasks_by_created from the page's bound down).
 SELECT * FROM tasks
 WHERE {task_page_bounds} AND (CAST(:state AS TEXT) IS NULL OR state = :state)
-ORDER BY created_at DESC, task_id DESC
+ORDER BY created_at DESC, id DESC
 LIMIT :limit
 
 -- name: tasks_page_pending
 -- A page of pending tasks, newest first: walks the partial index of the pending backlog.
 SELECT * FROM tasks
 WHERE state = 'pending' AND {task_page_bounds}
-ORDER BY created_at DESC, task_id DESC
+ORDER BY created_at DESC, id DESC
 LIMIT :limit
 
 -- name: tasks_page_running
@@ -73,7 +73,7 @@ WITH running AS MATERIALIZED (
 )
 SELECT * FROM running
 WHERE {task_page_bounds}
-ORDER BY created_at DESC, task_id DESC
+ORDER BY created_at DESC, id DESC
 LIMIT :limit
 
 -- name: waits_page
@@ -88,10 +88,10 @@ LIMIT :limit
 
 -- name: replies_dead_page
 -- A page of dead replies, the longest dead first, after the key (:after_updated,
--- :after_reply): walks replies_dead.
+-- :after_id): walks replies_dead.
 SELECT * FROM replies
-WHERE state = 'dead' AND (updated_at, reply_id) > (:after_updated, :after_reply)
-ORDER BY updated_at, reply_id
+WHERE state = 'dead' AND (updated_at, id) > (:after_updated, :after_id)
+ORDER BY updated_at, id
 LIMIT :limit
 
 -- name: observe_recent_tasks
@@ -99,9 +99,9 @@ LIMIT :limit
 -- while a task has no reply): walks tasks_by_created from its right edge, then one reply per
 -- task by its unique task_id.
 SELECT tasks.*, replies.history AS delivery_history
-FROM tasks LEFT JOIN replies ON replies.task_id = tasks.task_id
+FROM tasks LEFT JOIN replies ON replies.id = tasks.id
 WHERE tasks.created_at >= :since
-ORDER BY tasks.created_at DESC, tasks.task_id DESC
+ORDER BY tasks.created_at DESC, tasks.id DESC
 LIMIT :limit
 
 -- name: observe_pending_before

@@ -11,29 +11,27 @@ SELECT max(high_water) AS high_water, {server_time} AS server_now FROM postroom_
 -- Move one row of the high-water mark forward (never back).
 UPDATE postroom_clock SET high_water = :now WHERE id = :shard AND high_water < :now
 
--- name: inbox_insert
--- Store an accepted message unless its identity is already stored.
-INSERT INTO inbox (task_id, principal, message_id, fingerprint, envelope, received_at)
-VALUES (:task_id, :principal, :message_id, :fingerprint, :envelope, :now)
+-- name: task_insert
+-- Store an accepted message as its task unless its identity is already stored: the identity,
+-- its content fingerprint and the envelope as received are the task's own columns. The fence
+-- starts at the floor (see fence_floor_raise).
+INSERT INTO tasks (task_id, principal, message_id, fingerprint, envelope, queue, state,
+                   payload, deadline, max_attempts, hops, parent_task_id, correlation_id,
+                   requester, attempts, fence, available_at, claim_at, not_before, priority,
+                   retry_of, result, last_error, created_at, updated_at, root_task_id,
+                   ended_at)
+VALUES (:task_id, :principal, :message_id, :fingerprint, :envelope, :queue, :state,
+        :payload, :deadline, :max_attempts, :hops, :parent_task_id, :correlation_id,
+        :requester, 0, (SELECT floor FROM postroom_fence_floors WHERE kind = 'task'),
+        :available_at, :available_at - :priority * :priority_weight, :not_before, :priority,
+        :retry_of, :result, :last_error, :now, :now, :root_task_id, :ended_at)
 ON CONFLICT (task_id) DO NOTHING
-RETURNING task_id
+RETURNING id
 
--- name: inbox_fingerprint
+-- name: task_fingerprint
 -- The content fingerprint stored for an identity, kept from a concurrent prune until the
 -- transaction ends (a prune holding it first is waited for: the row is then gone).
-SELECT fingerprint FROM inbox WHERE task_id = :task_id {for_share}
-
--- name: task_insert
--- Create the task of a newly stored message; its fence starts at the floor (see fence_floor_raise).
-INSERT INTO tasks (task_id, principal, message_id, queue, state, payload, deadline,
-                   max_attempts, hops, parent_task_id, correlation_id, requester, attempts,
-                   fence, available_at, claim_at, not_before, priority, retry_of, result,
-                   last_error, created_at, updated_at, root_task_id)
-VALUES (:task_id, :principal, :message_id, :queue, :state, :payload, :deadline,
-        :max_attempts, :hops, :parent_task_id, :correlation_id, :requester, 0,
-        (SELECT floor FROM postroom_fence_floors WHERE kind = 'task'),
-        :available_at, :available_at - :priority * :priority_weight, :not_before, :priority,
-        :retry_of, :result, :last_error, :now, :now, :root_task_id)
+SELECT fingerprint FROM tasks WHERE task_id = :task_id {for_share}
 
 -- name: stream_position_insert
 -- Record that a numbered position of a source's stream is stored.
@@ -115,7 +113,7 @@ LIMIT 1
 -- Pick up to :limit claimable tasks of one queue, oldest first, and make them running.
 -- ({or_fail}: see the SQLite dialect; the transaction rolls back on any error anyway.)
 WITH picked AS (
-    SELECT task_id FROM tasks
+    SELECT id FROM tasks
     WHERE {claimable}
     ORDER BY claim_at
     LIMIT :limit
@@ -125,7 +123,7 @@ UPDATE {or_fail} tasks
 SET state = 'running', owner = :owner, lease_until = :lease_until, fence = fence + 1,
     attempts = attempts + 1, history = {history_open}, updated_at = :now
 FROM picked
-WHERE tasks.task_id = picked.task_id AND tasks.state = 'pending'
+WHERE tasks.id = picked.id AND tasks.state = 'pending'
 RETURNING tasks.task_id, tasks.principal, tasks.message_id, tasks.queue, tasks.payload,
           tasks.deadline, tasks.max_attempts, tasks.hops, tasks.attempts, tasks.fence,
           tasks.lease_until, tasks.correlation_id, tasks.requester, tasks.claim_at,
@@ -141,9 +139,10 @@ LIMIT :limit
 {skip_locked}
 
 -- name: tasks_deadline_passed
--- Live tasks whose deadline passed, oldest first (bounded sweep, locked rows skipped).
+-- Live tasks whose deadline passed, oldest first (bounded sweep, locked rows skipped). A task
+-- is live while it has not ended (ended_at IS NULL: the index of live deadlines).
 SELECT task_id, state, fence, deadline FROM tasks
-WHERE state IN ({live_task_states}) AND deadline <= :now
+WHERE ended_at IS NULL AND state IN ({live_task_states}) AND deadline <= :now
 ORDER BY deadline
 LIMIT :limit
 {skip_locked}
@@ -162,7 +161,7 @@ SELECT task_id FROM tasks WHERE task_id = :task_id {for_share}
 UPDATE tasks
 SET state = :to_state, owner = NULL, lease_until = NULL,
     available_at = :available_at, claim_at = :available_at - priority * :priority_weight,
-    result = :result, last_error = :last_error,
+    result = :result, last_error = :last_error, ended_at = :ended_at,
     history = CASE WHEN state = 'running' THEN {history_close} ELSE history END,
     updated_at = :now
 WHERE task_id = :task_id AND state = :from_state AND fence = :fence
@@ -174,7 +173,7 @@ RETURNING task_id, queue, requester, correlation_id, parent_task_id
 UPDATE tasks
 SET state = :to_state, owner = NULL, lease_until = NULL,
     available_at = :available_at, claim_at = :available_at - priority * :priority_weight,
-    result = :result, last_error = :last_error,
+    result = :result, last_error = :last_error, ended_at = :ended_at,
     attempts = attempts - :give_back, history = {history_close}, updated_at = :now
 WHERE task_id = :task_id AND {claim_is_current}
 RETURNING task_id, queue, requester, correlation_id, parent_task_id
@@ -191,11 +190,11 @@ RETURNING lease_until
 -- that no stream still counts on (a position above the watermark); all of them, or the one
 -- of :task_id. Their rows are locked for the pruner, and rows another transaction holds are
 -- left to a later prune.
-SELECT inbox.task_id, tasks.fence AS task_fence, replies.fence AS reply_fence FROM inbox
-JOIN tasks ON tasks.task_id = inbox.task_id
-JOIN replies ON replies.task_id = inbox.task_id
-WHERE inbox.received_at < :cutoff
-  AND (CAST(:task_id AS TEXT) IS NULL OR inbox.task_id = :task_id)
+SELECT tasks.id, tasks.task_id, tasks.fence AS task_fence, replies.fence AS reply_fence
+FROM tasks
+JOIN replies ON replies.id = tasks.id
+WHERE tasks.created_at < :cutoff
+  AND (CAST(:task_id AS TEXT) IS NULL OR tasks.task_id = :task_id)
   AND tasks.state IN ({terminal_task_states})
   AND replies.state = 'sent'
   AND NOT EXISTS (
@@ -203,21 +202,19 @@ WHERE inbox.received_at < :cutoff
       LEFT JOIN wait_continuations
              ON wait_continuations.flow = waits.flow AND wait_continuations.step = waits.step
             AND wait_continuations.generation = waits.generation
-      WHERE waits.task_id = inbox.task_id AND wait_continuations.consumed_at IS NULL)
+      WHERE waits.task_id = tasks.task_id AND wait_continuations.consumed_at IS NULL)
   -- A position above its stream's watermark will be sent again from the watermark: its
   -- identity must stay to make that resend a duplicate.
   AND NOT EXISTS (
       SELECT 1 FROM stream_positions
       JOIN streams ON streams.principal = stream_positions.principal
                   AND streams.stream = stream_positions.stream
-      WHERE stream_positions.task_id = inbox.task_id
+      WHERE stream_positions.task_id = tasks.task_id
         AND stream_positions.seq > streams.watermark)
   -- A chain's root goes last, with its chain's row: an identity received again after that
   -- is a new request, and starts a chain of its own.
-  AND NOT EXISTS (
-      SELECT 1 FROM tasks member
-      WHERE member.root_task_id = inbox.task_id AND member.task_id <> inbox.task_id)
-ORDER BY inbox.received_at
+  AND NOT EXISTS (SELECT 1 FROM tasks member WHERE member.root_task_id = tasks.task_id)
+ORDER BY tasks.created_at, tasks.id
 LIMIT :limit
 {skip_locked}
 
@@ -257,15 +254,11 @@ DELETE FROM reply_requeues WHERE reply_id = :reply_id
 
 -- name: prune_reply
 -- Forget a pruned message's reply.
-DELETE FROM replies WHERE task_id = :task_id
+DELETE FROM replies WHERE id = :id
 
 -- name: prune_task
--- Forget a pruned message's task.
-DELETE FROM tasks WHERE task_id = :task_id
-
--- name: prune_inbox
--- Forget a pruned message's identity: a reuse is now a new request.
-DELETE FROM inbox WHERE task_id = :task_id
+-- Forget a pruned message's task, and with it its identity: a reuse is now a new request.
+DELETE FROM tasks WHERE id = :id
 
 -- name: task_counts
 -- How many tasks are in each state.
