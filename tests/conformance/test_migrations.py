@@ -281,3 +281,28 @@ def test_an_upgrade_to_one_row_per_task_keeps_every_promise_made(make_url):
             assert (report.claimed, report.sent) == (2, 2)
             assert store.reply(root).state is postroom.ReplyState.SENT
     assert audit_url(url) == []
+
+
+def test_an_upgraded_receiver_keeps_its_receipts_and_effects(make_url):
+    """Version 2 keys an effect by its receipt: a reply received before the upgrade is still
+    a duplicate when delivered again, with its one effect, and other content a collision."""
+    from postroom.audit import audit_url
+    from postroom.db import Write
+    from postroom.validation import fingerprint
+
+    url = make_url("receiver-v1")
+    body = '{"kind":"result","result":1,"status":"done","task_id":"t"}'
+    with closing(Database(dialect_for_url(url), track_time=False)) as database:
+        database.migrate("receiver", target=1)
+        with database.transaction(Write("test.v1")) as tx:
+            tx.execute("INSERT INTO receiver_receipts VALUES ('reply:t', :f, :b, 1000)",
+                       {"f": fingerprint(body), "b": body})
+            tx.execute("INSERT INTO receiver_effects VALUES ('reply:t', 't', 'done', '1', 1000)")
+    with postroom.Receiver.open(url) as receiver:
+        assert receiver.accept("reply:t", body).duplicate
+        with pytest.raises(postroom.PayloadCollision):
+            receiver.accept("reply:t", body.replace('"result":1', '"result":2'))
+        assert not receiver.accept("reply:u", body.replace('"t"', '"u"')).duplicate
+        assert (receiver.effect_count("reply:t"), receiver.effect_count("reply:u"),
+                receiver.effects_total()) == (1, 1, 2)
+    assert audit_url(url) == []

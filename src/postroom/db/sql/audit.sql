@@ -354,8 +354,9 @@ WHERE state = 'pending' AND attempts = 0 AND not_before IS NOT NULL
 -- Each effect has its receipt.
 SELECT receiver_effects.reply_id AS identity, 'effect without receipt' AS detail
 FROM receiver_effects
-LEFT JOIN receiver_receipts ON receiver_receipts.reply_id = receiver_effects.reply_id
-WHERE receiver_receipts.reply_id IS NULL
+LEFT JOIN receiver_receipts ON receiver_receipts.id = receiver_effects.id
+                           AND receiver_receipts.reply_id = receiver_effects.reply_id
+WHERE receiver_receipts.id IS NULL
 
 -- name: audit_receiver_duplicate_effects
 -- At most one effect per reply_id.
@@ -368,14 +369,14 @@ SELECT receiver_receipts.reply_id, receiver_receipts.fingerprint, receiver_recei
        receiver_effects.task_id AS effect_task_id, receiver_effects.status AS effect_status,
        receiver_effects.result AS effect_result
 FROM receiver_receipts
-LEFT JOIN receiver_effects ON receiver_effects.reply_id = receiver_receipts.reply_id
+LEFT JOIN receiver_effects ON receiver_effects.id = receiver_receipts.id
 
 -- name: audit_receiver_receipt_without_effect
 -- A receipt and its effect commit together: no receipt stands alone.
 SELECT receiver_receipts.reply_id AS identity, 'receipt without effect' AS detail
 FROM receiver_receipts
-LEFT JOIN receiver_effects ON receiver_effects.reply_id = receiver_receipts.reply_id
-WHERE receiver_effects.reply_id IS NULL
+LEFT JOIN receiver_effects ON receiver_effects.id = receiver_receipts.id
+WHERE receiver_effects.id IS NULL
 
 -- name: audit_store_chain_over_budget
 -- No chain admitted more tasks than its task budget, and every task of a chain that was
