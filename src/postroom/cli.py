@@ -22,7 +22,7 @@ __all__ = ["main"]
 #: ``postroom bench --only`` names, in the order they run, and the default ``--pg-url``.
 #: Written here so that ``postroom --help`` imports no benchmark module; a test holds them
 #: to ``postroom._bench``'s own.
-BENCH_SCENARIOS = ("claim", "single", "batched", "commit-cost", "signals", "pg-claim",
+BENCH_SCENARIOS = ("claim", "receive", "single", "batched", "commit-cost", "signals", "pg-claim",
                    "pg-claim-backlog", "pg-e2e", "pg-latency", "worker", "delivered",
                    "worker-latency", "concurrency",
                    "scheduled", "rss", "pg-workers", "pg-worker-latency", "pg-rss", "steps",

@@ -109,7 +109,7 @@ def render(report: dict[str, Any]) -> str:
     split = [row for row in report["measurements"] if "database_share" in row["details"]]
     if split:
         lines += _section(
-            "Where an end-to-end task's time goes",
+            "Where the time of a receive and of an end-to-end task goes",
             "One extra round per scenario, after the timed ones, clocks the time spent inside "
             "the database driver (statements, commits and the fsyncs they wait for). The rest "
             "is postroom's Python. The ratio if Python took no time divides the ratio by the "

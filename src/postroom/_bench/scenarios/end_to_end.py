@@ -1,4 +1,5 @@
-"""End to end: receive -> claim -> finish -> dispatch -> the receiver's effect.
+"""End to end: receive -> claim -> finish -> dispatch -> the receiver's effect; and the first
+of those steps alone, ``receive`` one message at a time.
 
 The receiver has its own database and is reached through ``InProcessTransport``, so a task
 costs the commits a real deployment pays:
@@ -33,8 +34,9 @@ from postroom._bench.context import (
 )
 from postroom._bench.driver_time import DriverTime
 from postroom._bench.wal_frames import WalFrames
+from postroom.db import Database
 
-__all__ = ["one_task", "run_batched", "run_single"]
+__all__ = ["one_task", "run_batched", "run_receive", "run_single"]
 
 _AUTH = postroom.AuthContext(principal="bench")
 _HOUR = 3600.0
@@ -55,7 +57,7 @@ def _pipeline(ctx: Context, name: str) -> Iterator[tuple[postroom.Store, postroo
         yield store, receiver, postroom.InProcessTransport(receiver)
 
 
-def _measure(ctx: Context, store: postroom.Store, receiver: postroom.Receiver,
+def _measure(ctx: Context, databases: list[Database],
              work: Callable[[], int]) -> tuple[Rounds, dict[str, float]]:
     """A warm-up round, the timed rounds, one round split by ``DriverTime``, and one whose
     WAL frames are counted.
@@ -67,11 +69,11 @@ def _measure(ctx: Context, store: postroom.Store, receiver: postroom.Receiver,
     """
     work()
     rounds = ctx.timed_rounds(work)
-    with DriverTime([store._db, receiver._db]) as inside:
+    with DriverTime(databases) as inside:
         start = time.perf_counter()
         tasks = work()
         wall = time.perf_counter() - start
-    with WalFrames([store._db, receiver._db]) as wal:
+    with WalFrames(databases) as wal:
         counted = work()
     share = inside.seconds / wall
     commit_share = inside.committing / wall
@@ -116,13 +118,40 @@ def run_single(ctx: Context) -> list[Measurement]:
             return per_round
 
         ctx.progress("end-to-end, one at a time: measuring")
-        rounds, split = _measure(ctx, store, receiver, work)
+        rounds, split = _measure(ctx, [store._db, receiver._db], work)
         _check(store, receiver, numbers.used)
+    frames = split["wal_frames_per_task"]
     return [Measurement(
         id="e2e.single", backend=ctx.target.backend, unit="tasks/s",
         label="end to end, one at a time (receive, claim, finish, dispatch to a receiver)",
         rounds=rounds, details={"tasks_per_round": per_round, **split,
-                                "tasks_in_store_at_end": numbers.used})]
+                                "tasks_in_store_at_end": numbers.used}),
+        # Every commit of the task, the receiver's included; each attempt's story is kept in
+        # its task's (and its reply's) own row, so it adds bytes to pages written anyway.
+        Measurement(id="wal.single_task", backend=ctx.target.backend,
+                    unit="WAL frames/task",
+                    label="WAL frames (pages) written by a one-at-a-time task's six commits",
+                    rounds=Rounds(rates=(frames,)), details={"commits_per_task": 6})]
+
+
+def run_receive(ctx: Context) -> list[Measurement]:
+    """Messages/s of ``receive``, one message at a time: one commit each."""
+    per_round = ctx.sizes.http_tasks
+    numbers = Numbers()
+    with postroom.open_store(ctx.target.url("receive")) as store:
+        def work() -> int:
+            deadline = time.time() + _HOUR
+            for n in numbers.take(per_round):
+                store.receive(_AUTH, _envelope(n, deadline))
+            return per_round
+
+        ctx.progress("receive, one at a time: measuring")
+        rounds, split = _measure(ctx, [store._db], work)
+        require_clean_audit(store._db)
+    return [Measurement(id="receive.single", backend=ctx.target.backend, unit="messages/s",
+                        label="`receive`, one message at a time (one commit each)",
+                        rounds=rounds, details={"messages_per_round": per_round, **split,
+                                                "tasks_in_store_at_end": numbers.used})]
 
 
 def run_batched(ctx: Context) -> list[Measurement]:
@@ -146,7 +175,7 @@ def run_batched(ctx: Context) -> list[Measurement]:
             return batches * size
 
         ctx.progress(f"end-to-end, batches of {size}: measuring")
-        rounds, split = _measure(ctx, store, receiver, work)
+        rounds, split = _measure(ctx, [store._db, receiver._db], work)
         _check(store, receiver, numbers.used)
     return [Measurement(
         id="e2e.batched", backend=ctx.target.backend, unit="tasks/s",
