@@ -90,6 +90,9 @@ class SQLiteDialect(Dialect):
         self._read_only = read_only
         self._busy_timeout = busy_timeout
         self._lock = threading.RLock()
+        # Whether the connection's busy timeout is 0 (it is, from a write transaction's BEGIN
+        # until the next read transaction's): set only when it changes, not twice per write.
+        self._waits_itself = False
         self._watcher: Watcher | None = None
         self._watcher_lock = threading.Lock()
         try:
@@ -133,27 +136,32 @@ class SQLiteDialect(Dialect):
         (``_LOCK_PAUSES``, then every 5 ms), up to the busy timeout: SQLite's own
         busy handler sleeps 1, 2, 5, 10 ms and more between looks, many times as long as a
         postroom commit holds the lock, so two busy processes lost most of their time to it.
+        SQLite's handler is therefore off (a busy timeout of 0) from a write's BEGIN until the
+        next read's: the statements of a write hold the lock already and never wait, while a
+        read may still have to wait (for another connection's recovery of the WAL, say).
         """
         if not write:
+            if self._waits_itself:
+                conn.execute(f"PRAGMA busy_timeout = {round(self._busy_timeout * 1000)}")
+                self._waits_itself = False
             conn.execute("BEGIN")
             return
-        conn.execute("PRAGMA busy_timeout = 0")
-        try:
-            deadline = None
-            for pause in itertools.chain(_LOCK_PAUSES, itertools.repeat(_LOCK_PAUSE_AFTER)):
-                try:
-                    conn.execute("BEGIN IMMEDIATE")
-                    return
-                except sqlite3.OperationalError as exc:
-                    if exc.sqlite_errorcode not in _TRANSIENT_CODES:
-                        raise
-                    now = time.monotonic()
-                    deadline = deadline if deadline is not None else now + self._busy_timeout
-                    if now + pause > deadline:
-                        raise
-                time.sleep(pause)
-        finally:
-            conn.execute(f"PRAGMA busy_timeout = {round(self._busy_timeout * 1000)}")
+        if not self._waits_itself:
+            conn.execute("PRAGMA busy_timeout = 0")
+            self._waits_itself = True
+        deadline = None
+        for pause in itertools.chain(_LOCK_PAUSES, itertools.repeat(_LOCK_PAUSE_AFTER)):
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode not in _TRANSIENT_CODES:
+                    raise
+                now = time.monotonic()
+                deadline = deadline if deadline is not None else now + self._busy_timeout
+                if now + pause > deadline:
+                    raise
+            time.sleep(pause)
 
     def commit(self, conn: sqlite3.Connection) -> None:
         """Commit; with ``synchronous=FULL`` the WAL is on disk when this returns."""
