@@ -200,9 +200,13 @@ def audit(urls: tuple[str, ...]) -> None:
 @click.option("--peer-tasks", type=click.IntRange(1, 10_000_000), default=None, metavar="N",
               help="Jobs per round of each system in the peers and pg-peers scenarios "
                    "(default 10,000, 100 with --quick).")
+@click.option("--before", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              default=None, metavar="FILE",
+              help="An earlier run's JSON report (with the steps scenarios): the Markdown "
+                   "report shows its per-step figures beside this run's.")
 def bench(quick: bool, only: tuple[str, ...], folder: Path | None,  # noqa: PLR0917
           results: Path | None, pg_url: str, rss_tasks: int | None,
-          peer_tasks: int | None) -> None:
+          peer_tasks: int | None, before: Path | None) -> None:
     """Measure postroom against a raw SQLite commit loop and judge the performance bars.
 
     Prints the report as JSON on stdout (progress goes to stderr). Every figure is also a
@@ -218,12 +222,20 @@ def bench(quick: bool, only: tuple[str, ...], folder: Path | None,  # noqa: PLR0
     if results is not None and not results.parent.is_dir():
         # Found out before the minutes of measuring, not after.
         raise click.BadParameter(f"{results.parent} is not a folder", param_hint="'--results'")
+    earlier = None
+    if before is not None:
+        from postroom._bench.scenarios import steps
+        try:
+            earlier = steps.earlier(json.loads(before.read_text("utf-8")))
+        except (ValueError, AttributeError, KeyError, TypeError) as exc:
+            raise click.BadParameter(f"{before}: {exc}", param_hint="'--before'") from exc
     words = ["postroom bench", *(["--quick"] if quick else []),
              *(f"--only {name}" for name in only),
              *([f"--pg-url {public_url(pg_url)}"] if pg_url != DEFAULT_PG_URL else []),
              *([f"--results {results}"] if results is not None else []),
              *([f"--rss-tasks {rss_tasks}"] if rss_tasks is not None else []),
-             *([f"--peer-tasks {peer_tasks}"] if peer_tasks is not None else [])]
+             *([f"--peer-tasks {peer_tasks}"] if peer_tasks is not None else []),
+             *([f"--before {before}"] if before is not None else [])]
     mode = "quick" if quick else ("partial" if only else "full")
     sizes = QUICK if quick else FULL
     if rss_tasks is not None:
@@ -237,6 +249,8 @@ def bench(quick: bool, only: tuple[str, ...], folder: Path | None,  # noqa: PLR0
                             progress=lambda line: click.echo(line, err=True))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
+    if earlier is not None:
+        outcome["before"] = earlier
     if results is None and mode == "full":
         results = report.checkout_results()
         if results is None:

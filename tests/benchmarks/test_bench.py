@@ -460,6 +460,29 @@ def test_results_markdown_tabulates_the_peers_and_the_steps(quick_report):
         assert f"| sqlite | {step} |" in steps
 
 
+def test_results_markdown_shows_each_step_beside_an_earlier_runs(quick_report):
+    from postroom._bench.scenarios import steps
+
+    earlier = json.loads(json.dumps(quick_report))  # an earlier run: its own copy
+    for row in earlier["measurements"]:
+        if row["id"] == "steps.sqlite.receive":
+            row["value"], row["details"]["statements"] = 13.0, 7.0
+    text = render({**quick_report, "before": steps.earlier(earlier)})
+    table = text.partition("## Per step of a one-at-a-time task")[2].partition("##")[0]
+    now = next(row for row in quick_report["measurements"]
+               if row["id"] == "steps.sqlite.receive")
+    assert (f"| sqlite | receive | 13.0 -> {now['value']:,.1f} frames |" in table
+            and f"| 7 -> {now['details']['statements']:g} |" in table), table
+    assert "each cell shows before -> now" in table
+
+
+def test_an_earlier_report_without_steps_is_refused():
+    with pytest.raises(ValueError, match="--only steps"):
+        from postroom._bench.scenarios import steps
+
+        steps.earlier({"measurements": [{"id": "e2e.single"}]})
+
+
 def test_unreachable_postgres_fails_the_run_before_anything_runs():
     folder = Path(tempfile.mkdtemp(prefix="bench-test-", dir=default_folder()))
     try:

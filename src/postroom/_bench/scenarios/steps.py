@@ -5,6 +5,8 @@ three commits are the dispatch claim, the receiver's commit and the dispatch rec
 counted at the dialect by ``wal_frames.CommitCosts`` over ``sizes.single_tasks`` tasks:
 ``steps`` on SQLite (WAL frames, one page each), ``pg-steps`` on PostgreSQL (WAL bytes).
 Each figure is the median over the tasks; an extra, untimed diagnostic, not a rate.
+``postroom bench --before FILE`` shows, beside each step, the same figures from an earlier
+run's JSON report (of an earlier version, say).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from postroom._bench.context import BenchError, Context, Measurement, Rounds
 from postroom._bench.scenarios.end_to_end import _pipeline, one_task
 from postroom._bench.wal_frames import Commit, CommitCosts
 
-__all__ = ["STEPS", "markdown", "run"]
+__all__ = ["STEPS", "earlier", "markdown", "run"]
 
 #: The commits of one task, in order, and the database each is made in.
 STEPS = (("receive", "store"), ("claim", "store"), ("finish", "store"),
@@ -66,20 +68,49 @@ def _assign(commits: list[Commit], per_step: dict[str, list[Commit]]) -> None:
         per_step[step].append(commit)
 
 
+def earlier(report: dict[str, Any]) -> dict[str, Any]:
+    """What ``--before`` keeps of an earlier run's JSON report: when and how it ran, and its
+    step rows. ``ValueError`` if it has none."""
+    rows = [row for row in report.get("measurements", ()) if row["id"].startswith("steps.")]
+    if not rows:
+        raise ValueError("the earlier report has no step rows: run it with --only steps "
+                         "(and --only pg-steps)")
+    machine = report.get("machine", {})
+    return {"command": report.get("command"), "started": report.get("started"),
+            "commit": machine.get("commit"), "measurements": rows}
+
+
 def markdown(report: dict[str, Any]) -> list[str]:
-    """Per-step costs as a Markdown section (empty without step rows)."""
+    """Per-step costs as a Markdown section (empty without step rows), beside an earlier
+    run's when the report carries one (``before``)."""
     rows = [row for row in report["measurements"] if row["id"].startswith("steps.")]
     if not rows:
         return []
-    lines = ["", "## Per step of a one-at-a-time task", "", __doc__.split("\n\n", 1)[1], "",
-             "| backend | step | WAL per commit (median) | mean | least | statements "
-             "| round trips |",
-             "|---|---|---|---|---|---|---|"]
+    before = {row["id"]: row for row in report.get("before", {}).get("measurements", ())}
+    lines = ["", "## Per step of a one-at-a-time task", "", __doc__.split("\n\n", 1)[1], ""]
+    if before:
+        then = report["before"]
+        lines += [f"Before: `{then['command']}` on {then['started']} at commit "
+                  f"`{then['commit']}`; each cell shows before -> now.", ""]
+    lines += ["| backend | step | WAL per commit (median) | mean | least | statements "
+              "| round trips |",
+              "|---|---|---|---|---|---|---|"]
     for row in rows:
-        details = row["details"]
-        lines.append(f"| {row['backend']} | {details['step']} | {row['value']:,.1f} "
-                     f"{'frames' if row['backend'] == 'sqlite' else 'bytes'} | "
-                     f"{details['wal_mean']:,.1f} | {details['wal_min']:,.0f} | "
-                     f"{details['statements']:g} | "
-                     f"{details['round_trips']:g} |")
+        details, was = row["details"], before.get(row["id"])
+
+        def cell(now: float, key: str | None, form: str, was: dict[str, Any] | None = was
+                 ) -> str:
+            shown = format(now, form)
+            if was is None:
+                return shown
+            old = was["value"] if key is None else was["details"][key]
+            return f"{format(old, form)} -> {shown}"
+
+        unit = "frames" if row["backend"] == "sqlite" else "bytes"
+        lines.append(f"| {row['backend']} | {details['step']} | "
+                     f"{cell(row['value'], None, ',.1f')} {unit} | "
+                     f"{cell(details['wal_mean'], 'wal_mean', ',.1f')} | "
+                     f"{cell(details['wal_min'], 'wal_min', ',.0f')} | "
+                     f"{cell(details['statements'], 'statements', 'g')} | "
+                     f"{cell(details['round_trips'], 'round_trips', 'g')} |")
     return lines
