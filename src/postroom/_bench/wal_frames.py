@@ -4,6 +4,7 @@ commit, the WAL (frames on SQLite, bytes on PostgreSQL), statements and round tr
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -76,12 +77,17 @@ def _truncate(conn: Any, path: str) -> None:
 class Commit:
     """One commit seen by ``CommitCosts``: which database, the WAL it appended (frames on
     SQLite, bytes on PostgreSQL), and the statements and round trips since the previous
-    commit on that database."""
+    commit on that database; and the time since the previous commit on any of them (the
+    step's), of which so much was spent in the COMMIT (and the fsync it waits for) and so
+    much in the other calls into the driver (the rest is Python)."""
 
     database: str
     wal: float
     statements: int
     round_trips: int
+    seconds: float = 0.0
+    in_commit: float = 0.0
+    in_statements: float = 0.0
 
 
 class CommitCosts:
@@ -105,6 +111,10 @@ class CommitCosts:
         self._stack = ExitStack()
         self._counts: dict[str, list[int]] = {}
         self._wal: dict[str, Callable[[], float]] = {}
+        # Since the previous commit (of any database): when it ended, and the time spent
+        # in statements. Reading the WAL after a commit is left out of the next step's time.
+        self._mark = time.perf_counter()
+        self._in_statements = 0.0
 
     def __enter__(self) -> CommitCosts:
         with ExitStack() as stack:
@@ -125,6 +135,7 @@ class CommitCosts:
             self._stack = stack.pop_all()
         for name in self._databases:
             self._wal[name]()  # the starting point of each database's WAL
+        self._mark = time.perf_counter()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -134,13 +145,21 @@ class CommitCosts:
         counts = self._counts[name]
 
         def counted(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
             result = method(*args, **kwargs)
+            end = time.perf_counter()
             statements = len(args[2]) if kind in {"executemany", "execute_returning"} else 1
             counts[0] += statements
             counts[1] += 1
-            if kind == "commit":
-                self.commits.append(Commit(name, self._wal[name](), counts[0], counts[1]))
-                counts[0] = counts[1] = 0
+            if kind != "commit":
+                self._in_statements += end - start
+                return result
+            self.commits.append(Commit(name, self._wal[name](), counts[0], counts[1],
+                                       seconds=end - self._mark, in_commit=end - start,
+                                       in_statements=self._in_statements))
+            counts[0] = counts[1] = 0
+            self._in_statements = 0.0
+            self._mark = time.perf_counter()
             return result
 
         return counted

@@ -1,10 +1,14 @@
-"""What each step of a one-at-a-time task costs: WAL per commit, statements, round trips.
+"""What each step of a one-at-a-time task costs: WAL per commit, statements, round trips, and
+where its time goes.
 
 The steps of ``e2e.single`` (``receive``, ``claim``, ``finish``, then ``dispatch``, whose
 three commits are the dispatch claim, the receiver's commit and the dispatch record), each
 counted at the dialect by ``wal_frames.CommitCosts`` over ``sizes.single_tasks`` tasks:
 ``steps`` on SQLite (WAL frames, one page each), ``pg-steps`` on PostgreSQL (WAL bytes).
-Each figure is the median over the tasks; an extra, untimed diagnostic, not a rate.
+Each figure is the median over the tasks; an extra, untimed diagnostic, not a rate. A
+step's time runs from the commit before it to its own, split into the COMMIT (and the fsync
+it waits for), the other calls into the driver (statements), and the rest, postroom's Python
+(the counting itself adds a little to each).
 ``postroom bench --before FILE`` shows, beside each step, the same figures from an earlier
 run's JSON report (of an earlier version, say).
 """
@@ -12,6 +16,7 @@ run's JSON report (of an earlier version, say).
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable
 from typing import Any
 
 from postroom._bench.context import BenchError, Context, Measurement, Rounds
@@ -52,8 +57,18 @@ def run(ctx: Context) -> list[Measurement]:
                      # other clients of a shared server only add WAL: the least is closest
                      "wal_min": min(c.wal for c in commits),
                      "statements": statistics.median(c.statements for c in commits),
-                     "round_trips": statistics.median(c.round_trips for c in commits)}))
+                     "round_trips": statistics.median(c.round_trips for c in commits),
+                     "us_per_step": _us(c.seconds for c in commits),
+                     "us_in_commit": _us(c.in_commit for c in commits),
+                     "us_in_statements": _us(c.in_statements for c in commits),
+                     "us_in_python": _us(c.seconds - c.in_commit - c.in_statements
+                                         for c in commits)}))
     return rows
+
+
+def _us(seconds: Iterable[float]) -> float:
+    """The median of ``seconds``, in microseconds."""
+    return round(statistics.median(seconds) * 1e6, 1)
 
 
 def _assign(commits: list[Commit], per_step: dict[str, list[Commit]]) -> None:
@@ -66,6 +81,20 @@ def _assign(commits: list[Commit], per_step: dict[str, list[Commit]]) -> None:
             raise BenchError(f"no {database} commit for the step {step!r}: "
                              f"{[c.database for c in commits]}")
         per_step[step].append(commit)
+
+
+#: A step's time and its parts, as the details name them.
+_TIMES = ("us_per_step", "us_in_commit", "us_in_statements", "us_in_python")
+
+
+def _time(details: dict[str, Any], was: dict[str, Any] | None, key: str) -> str:
+    """One part of a step's time in microseconds, beside an earlier run's if it has it."""
+    if key not in details:
+        return ""
+    now = f"{details[key]:,.0f}"
+    if was is None or key not in was["details"]:
+        return now
+    return f"{was['details'][key]:,.0f} -> {now}"
 
 
 def earlier(report: dict[str, Any]) -> dict[str, Any]:
@@ -93,8 +122,8 @@ def markdown(report: dict[str, Any]) -> list[str]:
         lines += [f"Before: `{then['command']}` on {then['started']} at commit "
                   f"`{then['commit']}`; each cell shows before -> now.", ""]
     lines += ["| backend | step | WAL per commit (median) | mean | least | statements "
-              "| round trips |",
-              "|---|---|---|---|---|---|---|"]
+              "| round trips | us | in COMMIT | in statements | in Python |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         details, was = row["details"], before.get(row["id"])
 
@@ -112,5 +141,6 @@ def markdown(report: dict[str, Any]) -> list[str]:
                      f"{cell(details['wal_mean'], 'wal_mean', ',.1f')} | "
                      f"{cell(details['wal_min'], 'wal_min', ',.0f')} | "
                      f"{cell(details['statements'], 'statements', 'g')} | "
-                     f"{cell(details['round_trips'], 'round_trips', 'g')} |")
+                     f"{cell(details['round_trips'], 'round_trips', 'g')} | "
+                     + " | ".join(_time(details, was, key) for key in _TIMES) + " |")
     return lines
