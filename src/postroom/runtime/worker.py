@@ -412,7 +412,8 @@ class Worker:
         if free <= 0:
             return _Reserved(0, {})
         self._reserved += free
-        self._reserved_of.update(caps)
+        if caps:
+            self._reserved_of.update(caps)
         return _Reserved(free, caps)
 
     def _take(self, reserved: _Reserved, claims: Sequence[Claim]) -> None:
@@ -442,8 +443,11 @@ class Worker:
 
     def _wake_claimer(self) -> None:
         """Under the lock, after slots or outcomes changed: wake the claimer if it may claim
-        now. While outcomes wait for their commit it may not (the settler claims with them)."""
-        if not self._unsettled:
+        now. While outcomes wait for their commit it may not (the settler claims with them),
+        nor while every slot is taken (``_reserve`` would find none free)."""
+        settings = self._settings
+        if not self._unsettled and (self._running + self._reserved
+                                    < settings.concurrency + settings.prefetch):
             self._claimable.notify()
 
     def _begin(self, held: _Held) -> None:
