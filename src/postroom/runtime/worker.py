@@ -237,7 +237,12 @@ class _Threads:
     def _serve(self) -> None:
         calls, lock = self._calls, self._lock
         while (call := calls.get()) is not None:
-            call()
+            try:
+                call()
+            except Exception as exc:  # pragma: no cover - _run_sync catches a handler's
+                # The thread serves the next call anyway: a slot must not die with a bug.
+                log.event(_log, logging.ERROR, "handler thread failed",
+                          last_error=f"{type(exc).__name__}: {exc}")
             del call  # no reference to the handler's claim kept while idle
             with lock:
                 self._idle += 1
@@ -696,6 +701,7 @@ class Worker:
                         if not item.running and not item.ended:
                             self._held.pop(item.claim.task_id, None)
                 self._lock.notify_all()
+                self._wake_claimer()  # a claim let go of leaves room
 
     def _cancel(self, held: _Held) -> None:
         held.cancellation.set()
