@@ -175,6 +175,34 @@ def test_no_more_handlers_run_at_once_than_the_workers_concurrency(store):
     assert 1 < now["most"] <= 4
 
 
+def test_plain_functions_run_at_once_on_at_most_concurrency_threads_reused_task_after_task(
+        store):
+    lock = threading.Lock()
+    meet = threading.Barrier(4)  # four handlers at once, or the barrier breaks
+    now = {"running": 0, "most": 0}
+    threads: set[threading.Thread] = set()
+    app = App()
+
+    @app.handler("default")
+    def counted(payload: dict[str, object], ctx: Context) -> None:
+        with lock:
+            now["running"] += 1
+            now["most"] = max(now["most"], now["running"])
+            threads.add(threading.current_thread())
+        if payload.get("meet"):
+            meet.wait(PATIENCE)
+        with lock:
+            now["running"] -= 1
+
+    for n in range(200):
+        send(store, f"m-{n}", {"meet": n < 4})
+    with running(store, app, dataclasses.replace(FAST, concurrency=4)) as worker:
+        eventually(lambda: worker.stats.done == 200)
+    assert now["most"] == 4
+    assert len(threads) == 4
+    eventually(lambda: not any(thread.is_alive() for thread in threads))  # ended with it
+
+
 def test_a_long_handlers_lease_is_renewed_so_nobody_takes_it_over(store):
     release = threading.Event()
     app = App()

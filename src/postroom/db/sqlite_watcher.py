@@ -3,8 +3,11 @@
 SQLite has no NOTIFY. It has ``PRAGMA data_version``, whose value on a connection changes
 whenever *another* connection committed since that connection last looked; asking costs a
 look at the WAL index in shared memory, and takes no lock a writer would wait for. So the
-store's watcher holds a read-only connection of its own and asks:
+store's watcher holds a read-only connection of its own and, while some thread of the
+process waits for work (``Wakeups.waited``), asks:
 
+- at once when the first waiter begins to wait: whatever was committed while nobody waited
+  changed the version since the watcher last asked, so it wakes that waiter;
 - right after the WAL file is written to, then every millisecond for a short while (Linux,
   through inotify: a commit's pages reach the WAL before its fsync and before it becomes
   visible, so a write is only the warning that a commit is coming);
@@ -13,6 +16,10 @@ store's watcher holds a read-only connection of its own and asks:
 - every millisecond where there are no file events (not Linux, or inotify unavailable):
   2-5% of a core on the busy 2-vCPU VM it was measured on, nearly all of it the cost of
   waking a thread a thousand times a second, against under 0.1% with file events.
+
+While nobody waits the watcher sleeps, file events and all: a busy worker, which claims
+without waiting, would otherwise have it follow every one of its own commits (each one
+writes the WAL), about a sixth of that worker's CPU on the 2-CPU machine it was measured on.
 
 A changed version wakes every waiter of the store (``announce_all``): it does not say which
 channels the commit announced, and a wake-up is a hint the caller checks by claiming. Except
@@ -118,11 +125,20 @@ class Watcher(threading.Thread):
         self._own_seen: int | None = None
         self._stopping = threading.Event()
         self._wake_read, self._wake_write = os.pipe()  # a byte here ends a wait at once
+        os.set_blocking(self._wake_read, False)
+        os.set_blocking(self._wake_write, False)  # a full pipe wakes the watcher anyway
         self.listening = threading.Event()
+        hub.on_first_wait(self._poke)
+
+    def _poke(self) -> None:
+        """A thread begins to wait: look now."""
+        with contextlib.suppress(OSError):  # full (a wake-up is pending) or closed (stopped)
+            os.write(self._wake_write, b".")
 
     def stop(self) -> None:
         """Stop watching and wait for the thread to end."""
         self._stopping.set()
+        self._hub.forget_first_wait(self._poke)  # no poke after this: the pipe may close
         with contextlib.suppress(OSError):
             os.write(self._wake_write, b".")
         self.join(timeout=5.0)
@@ -170,17 +186,35 @@ class Watcher(threading.Thread):
         poller.register(self._wake_read, select.POLLIN)
         if writes.fd >= 0:
             poller.register(writes.fd, select.POLLIN)
+        asleep = select.poll()
+        asleep.register(self._wake_read, select.POLLIN)
         hot_until = 0.0
         while not self._stopping.is_set():
-            hot = writes.fd < 0 or time.monotonic() < hot_until
-            ready = poller.poll((HOT if hot else IDLE) * 1000)
-            if writes.fd >= 0 and any(fd == writes.fd for fd, _ in ready):
-                writes.drain()
-                hot_until = time.monotonic() + WINDOW
+            if not self._hub.waited:
+                # Until a waiter pokes (a poke made since ``waited`` was read is in the pipe).
+                asleep.poll()
+                self._drain_pokes()
+                if writes.fd >= 0:
+                    writes.drain()  # writes made while nobody waited: the version tells
+                hot_until = time.monotonic() + WINDOW  # and a commit may be landing
+            else:
+                hot = writes.fd < 0 or time.monotonic() < hot_until
+                ready = poller.poll((HOT if hot else IDLE) * 1000)
+                for fd, _ in ready:
+                    if fd == self._wake_read:
+                        self._drain_pokes()
+                    else:
+                        writes.drain()
+                        hot_until = time.monotonic() + WINDOW
             current = _data_version(conn)
             if current != version:
                 version = current
                 self._heard()
+
+    def _drain_pokes(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wake_read, 4096):
+                pass
 
     def _heard(self) -> None:
         """Another connection committed: wake every waiter, unless it was the store's own."""

@@ -14,13 +14,17 @@ per-channel counter. A ``Waiter`` remembers the counters it last saw, so:
 
 A wake-up is a hint, never a promise: the caller always claims to find out, and its
 ``timeout`` is the polling interval that covers whatever no announcement reached.
+
+The hub also tells whether any thread waits now (``waited``), and calls what asked
+(``on_first_wait``) when a thread begins to wait while none did: SQLite's watcher looks for
+other processes' commits only while someone waits, and looks at once when someone begins.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from postroom.clock import finite_time
 from postroom.errors import InvalidInput
@@ -41,6 +45,25 @@ class Wakeups:
         self._changed = threading.Condition()
         self._counts: dict[str, int] = {}
         self._everything = 0
+        self._waiting = 0  # threads blocked in ``wait``
+        self._on_first_wait: list[Callable[[], None]] = []
+
+    @property
+    def waited(self) -> bool:
+        """Whether some thread waits now (blocked in ``wait``)."""
+        return self._waiting > 0
+
+    def on_first_wait(self, call: Callable[[], None]) -> None:
+        """Call ``call`` (under the hub's lock: it must not block) whenever a thread begins
+        to wait while none did."""
+        with self._changed:
+            self._on_first_wait.append(call)
+
+    def forget_first_wait(self, call: Callable[[], None]) -> None:
+        """Stop calling ``call`` (given to ``on_first_wait``); once this returns it is not
+        being called either."""
+        with self._changed:
+            self._on_first_wait = [other for other in self._on_first_wait if other != call]
 
     def announce(self, channels: Iterable[str]) -> None:
         """Record that work may be available on ``channels`` and wake their waiters."""
@@ -70,14 +93,25 @@ class Wakeups:
         """
         deadline = time.monotonic() + max(0.0, timeout)
         with self._changed:
-            while True:
-                current = self._mark(channels)
-                if current != since:
-                    return current
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-                self._changed.wait(remaining)
+            counted = False
+            try:
+                while True:
+                    current = self._mark(channels)
+                    if current != since:
+                        return current
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return None
+                    if not counted:
+                        counted = True
+                        self._waiting += 1
+                        if self._waiting == 1:
+                            for call in self._on_first_wait:
+                                call()
+                    self._changed.wait(remaining)
+            finally:
+                if counted:
+                    self._waiting -= 1
 
 
 class Waiter:

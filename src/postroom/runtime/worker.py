@@ -45,8 +45,8 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from postroom import log
@@ -188,6 +188,66 @@ class _Monotonic:
         return time.monotonic()
 
 
+class _Threads:
+    """The threads plain-function handlers run on: at most ``size``, each started when a call
+    finds no idle one, each taking the next call from one queue.
+
+    What a ``ThreadPoolExecutor`` does for the worker, without the ``Future`` per call (its
+    lock and condition) and the semaphore that executor keeps per call, which nobody here
+    reads: a handler hands its outcome over itself. Like that executor's, the threads are
+    not daemons, so the process waits at exit for a handler still running.
+    """
+
+    def __init__(self, size: int, name: str) -> None:
+        self._size = size
+        self._name = name
+        self._calls: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._idle = 0  # threads done with their call and not promised another
+        self._closed = False
+
+    def submit(self, call: Callable[[], None]) -> None:
+        """Run ``call`` on an idle thread, on a new one while there are fewer than ``size``,
+        or on the first to be free."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the handler threads are shut down")
+            if self._idle:
+                self._idle -= 1
+            elif len(self._threads) < self._size:
+                thread = threading.Thread(target=self._serve,
+                                          name=f"{self._name}_{len(self._threads)}")
+                thread.start()
+                self._threads.append(thread)
+        self._calls.put(call)
+
+    def shutdown(self) -> None:
+        """Drop the calls not started yet and let every thread end once its call returns
+        (without waiting for it)."""
+        with self._lock:
+            self._closed = True
+            threads = len(self._threads)
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._calls.get_nowait()
+        for _ in range(threads):
+            self._calls.put(None)
+
+    def _serve(self) -> None:
+        calls, lock = self._calls, self._lock
+        while (call := calls.get()) is not None:
+            try:
+                call()
+            except Exception as exc:  # pragma: no cover - _run_sync catches a handler's
+                # The thread serves the next call anyway: a slot must not die with a bug.
+                log.event(_log, logging.ERROR, "handler thread failed",
+                          last_error=f"{type(exc).__name__}: {exc}")
+            del call  # no reference to the handler's claim kept while idle
+            with lock:
+                self._idle += 1
+
+
 class Worker:
     """Runs ``app``'s handlers on ``store``'s tasks (see the module docstring)."""
 
@@ -222,7 +282,11 @@ class Worker:
         self._renew_every = (settings.renew_every if settings.renew_every is not None
                              else self._lease / 3)
         self.stats = WorkerStats()
-        self._lock = threading.Condition()
+        mutex = threading.RLock()
+        self._lock = threading.Condition(mutex)
+        # The claimer waits on a condition of its own (the same lock), woken only when it may
+        # claim: a busy worker's every handler ending no longer wakes it for nothing.
+        self._claimable = threading.Condition(mutex)
         self._held: dict[str, _Held] = {}
         self._running = 0  # handlers started and not ended
         self._reserved = 0  # slots a claim in flight will fill
@@ -231,8 +295,7 @@ class Worker:
         self._unsettled = 0  # outcomes handed to the settler and not committed yet
         self._stopping = threading.Event()
         self._outcomes: queue.SimpleQueue[tuple[_Held, Settlement] | None] = queue.SimpleQueue()
-        self._pool = ThreadPoolExecutor(max_workers=settings.concurrency,
-                                        thread_name_prefix="postroom-handler")
+        self._pool = _Threads(settings.concurrency, "postroom-handler")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._threads: list[threading.Thread] = []
         self._duties = Duties(duties if duties is not None else (
@@ -295,7 +358,7 @@ class Worker:
         self._duties.stop()
         for thread in self._threads:
             thread.join(5.0)
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown()
         if self._loop is not None:
             self._stop_loop(self._loop)
         log.event(_log, logging.INFO, "worker stopped", owner=self.owner)
@@ -312,7 +375,7 @@ class Worker:
                 # commit; the claimer claims only for a worker with nothing to settle.
                 free = self._reserve(nothing=bool(self._unsettled))
                 if free.slots <= 0:
-                    self._lock.wait(settings.poll)
+                    self._claimable.wait(settings.poll)
                     continue
             try:
                 claims = self._store.claim_batch(self.owner, free.slots, queues=self.queues,
@@ -354,25 +417,43 @@ class Worker:
         if free <= 0:
             return _Reserved(0, {})
         self._reserved += free
-        self._reserved_of.update(caps)
+        if caps:
+            self._reserved_of.update(caps)
         return _Reserved(free, caps)
 
     def _take(self, reserved: _Reserved, claims: Sequence[Claim]) -> None:
         """Hold and start ``claims``, made with ``reserved`` slots (which are given back)."""
         with self._lock:
-            self._reserved -= reserved.slots
-            self._reserved_of.subtract(reserved.of)
-            self.stats.claimed += len(claims)
-            started = [self._held.setdefault(claim.task_id, _Held(claim)) for claim in claims]
-            # Counted as running in the same breath as their slots stop being reserved, so
-            # that no other claim sees those slots free in between.
-            for held in started:
-                held.running = True
-                self._running_of[held.claim.queue] += 1
-            self._running += len(started)
-            self._lock.notify_all()
+            started = self._hold(reserved, claims)
         for held in started:
             self._begin(held)
+
+    def _hold(self, reserved: _Reserved, claims: Sequence[Claim]) -> list[_Held]:
+        """``_take``'s bookkeeping, under the lock: the claims to begin."""
+        self._reserved -= reserved.slots
+        if reserved.of:
+            self._reserved_of.subtract(reserved.of)
+        self.stats.claimed += len(claims)
+        started = [self._held.setdefault(claim.task_id, _Held(claim)) for claim in claims]
+        # Counted as running in the same breath as their slots stop being reserved, so
+        # that no other claim sees those slots free in between.
+        running_of = self._running_of
+        for held in started:
+            held.running = True
+            running_of[held.claim.queue] += 1
+        self._running += len(started)
+        self._lock.notify_all()
+        self._wake_claimer()
+        return started
+
+    def _wake_claimer(self) -> None:
+        """Under the lock, after slots or outcomes changed: wake the claimer if it may claim
+        now. While outcomes wait for their commit it may not (the settler claims with them),
+        nor while every slot is taken (``_reserve`` would find none free)."""
+        settings = self._settings
+        if not self._unsettled and (self._running + self._reserved
+                                    < settings.concurrency + settings.prefetch):
+            self._claimable.notify()
 
     def _begin(self, held: _Held) -> None:
         spec = self._app.handler_for(held.claim.queue)
@@ -381,7 +462,7 @@ class Worker:
             assert self._loop is not None
             asyncio.run_coroutine_threadsafe(self._run_async(spec, held), self._loop)
         else:
-            self._pool.submit(self._run_sync, spec, held)
+            self._pool.submit(partial(self._run_sync, spec, held))
 
     # -- running handlers -----------------------------------------------------------------------
 
@@ -425,20 +506,20 @@ class Worker:
             held.running = False
             self._running -= 1
             self._running_of[held.claim.queue] -= 1
-            if held.timed_out:  # its failure was handed over: what it ends with is ignored
-                self._lock.notify_all()
-                return
-            keep = outcome is not None and not held.abandoned and not held.cancellation.is_set()
+            keep = (outcome is not None and not held.timed_out and not held.abandoned
+                    and not held.cancellation.is_set())
             if keep:
                 held.ended = True
-            else:
+                self._unsettled += 1  # handed over below, as ``_hand_over`` would
+            elif not held.timed_out:  # a timed-out one's failure was handed over already
                 held.abandoned = True
                 self._held.pop(held.claim.task_id, None)
                 self.stats.abandoned += 1
             self._lock.notify_all()
+            self._wake_claimer()
         if keep:
             assert outcome is not None
-            self._hand_over(held, outcome)
+            self._outcomes.put((held, outcome))
 
     # -- execution timeouts ---------------------------------------------------------------------
 
@@ -552,12 +633,14 @@ class Worker:
                     again.append((held, follow))
                     continue
                 self._held.pop(held.claim.task_id, None)
-            self._lock.notify_all()
-        with self._lock:
-            self._unsettled -= len(batch)
-        self._take(free, claims)
+            # What is handed over again stays unsettled, so that the claimer leaves the
+            # next claim to the settler until that is committed too.
+            self._unsettled -= len(batch) - len(again)
+            started = self._hold(free, claims)
+        for held in started:
+            self._begin(held)
         for held, outcome in again:
-            self._hand_over(held, outcome)
+            self._outcomes.put((held, outcome))
 
     def _after_settle(self, held: _Held, outcome: Settlement,
                       result: Settled) -> Settlement | None:
@@ -618,6 +701,7 @@ class Worker:
                         if not item.running and not item.ended:
                             self._held.pop(item.claim.task_id, None)
                 self._lock.notify_all()
+                self._wake_claimer()  # a claim let go of leaves room
 
     def _cancel(self, held: _Held) -> None:
         held.cancellation.set()
