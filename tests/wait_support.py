@@ -33,10 +33,9 @@ def snapshot(store: postroom.Store) -> dict[str, list[dict[str, Any]]]:
             # (a PostgreSQL sequence does not roll back), so the ids are not compared.
             found[table] = [{column: value for column, value in dict(row).items()
                              if column != "id"} for row in cursor.fetchall()]
-        # The time high-water is the greatest row of postroom_clock: which row holds it is the
-        # backend's business (one row on SQLite, the writing session's row on PostgreSQL).
-        cursor = tx.execute("SELECT max(high_water) AS high_water FROM postroom_clock")
-        found["postroom_clock"] = [dict(row) for row in cursor.fetchall()]
+        # The time high-water, as the store reads it: which row holds it is the backend's
+        # business (a clock row of the writing session, or the newest task's creation).
+        found["postroom_clock"] = [{"high_water": tx.one("clock_read")["high_water"]}]
     return found
 
 

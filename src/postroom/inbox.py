@@ -222,6 +222,7 @@ def _insert_tasks(tx: Tx, settings: Settings, items: Sequence[CheckedEnvelope], 
             return False
     else:
         tx.change_each("task_insert", rows)
+    tx.kept_in_task = True  # created_at keeps this transaction's time (see clock_read)
     chains.admit(tx, settings, [
         (placement, decision.to_state)
         for (_, placement), (_, decision) in zip(placed, decided, strict=True)])

@@ -89,6 +89,8 @@ def prune_once(tx: Tx, *, limit: int) -> tuple[int, int]:
                   floor=max(int(row["task_fence"]) for row in rows))
         tx.change("fence_floor_raise", kind="reply",
                   floor=max(int(row["reply_fence"]) for row in rows))
+    if rows:
+        tx.forgets_time = True  # the newest task may go: keep the time in a clock row
     for row in rows:
         task_id = row["task_id"]
         tx.change("prune_stream_positions", task_id=task_id)

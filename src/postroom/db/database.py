@@ -70,7 +70,8 @@ class Tx:
     """One open transaction. Statements are run by query name with keyword parameters."""
 
     __slots__ = ("_conn", "_dialect", "_queries", "_savepoints", "channels", "events",
-                 "high_water", "now", "op", "tallies", "wrote")
+                 "forgets_time", "high_water", "kept_in_task", "now", "op", "tallies",
+                 "wrote")
 
     def __init__(self, conn: Any, dialect: Dialect, op: Write | None) -> None:
         self._conn = conn
@@ -80,6 +81,12 @@ class Tx:
         self.now = 0.0
         self.high_water = 0.0
         self.wrote = False
+        #: This transaction created a task, whose created_at (its decision time) keeps its
+        #: time: no clock row needs it (see ``clock_read``).
+        self.kept_in_task = False
+        #: This transaction deleted tasks, whose creation may have been all that kept a time:
+        #: it keeps its own in a clock row.
+        self.forgets_time = False
         self.channels: set[str] = set()
         self.tallies: dict[tuple[str, str, str], int] = {}
         self.events: list[tuple[logging.Logger, int, str, dict[str, object]]] = []
@@ -97,7 +104,8 @@ class Tx:
         """
         self._savepoints += 1
         name = f"postroom_part_{self._savepoints}"
-        marks = (set(self.channels), dict(self.tallies), len(self.events), self.wrote)
+        marks = (set(self.channels), dict(self.tallies), len(self.events), self.wrote,
+                 self.kept_in_task, self.forgets_time)
         dialect = self._dialect
         dialect.execute(self._conn, f"SAVEPOINT {name}", {})
         try:
@@ -111,7 +119,7 @@ class Tx:
             dialect.execute(self._conn, f"RELEASE SAVEPOINT {name}", {})
             self.channels, self.tallies = marks[0], marks[1]
             del self.events[marks[2]:]
-            self.wrote = marks[3]
+            self.wrote, self.kept_in_task, self.forgets_time = marks[3], marks[4], marks[5]
             if translated is exc:
                 raise
             raise translated from exc

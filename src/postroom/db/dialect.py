@@ -168,8 +168,9 @@ class Dialect(ABC):
         """The time a write transaction decides with: never below the persisted high-water.
 
         The high-water is the greatest of the ``postroom_clock`` rows (one row on SQLite,
-        several on PostgreSQL, see ``clock_shard``); it is read in the transaction's first
-        statement, so it includes every decision committed before this transaction began.
+        several on PostgreSQL, see ``clock_shard``) and of the newest task's creation; it is
+        read in the transaction's first statement, so it includes every decision committed
+        before this transaction began.
         """
         row = tx.one("clock_read")
         high_water = (float(row["high_water"])
@@ -195,11 +196,14 @@ class Dialect(ABC):
         return 1
 
     def time_to_record(self, tx: Tx) -> bool:
-        """Whether ``tx`` must persist its time: it wrote something and time moved forward.
+        """Whether ``tx`` must persist its time in a clock row: it wrote something, time moved
+        forward, and no task it created keeps that time -- or it deleted tasks, whose
+        creation may have been what kept the high-water.
 
         (A replay or a refused request writes nothing, so it does not move time.)
         """
-        return tx.wrote and tx.now > tx.high_water
+        return tx.wrote and (tx.forgets_time
+                             or (tx.now > tx.high_water and not tx.kept_in_task))
 
     def record_time(self, tx: Tx) -> None:
         """Persist the time a transaction used, when ``time_to_record`` says so."""

@@ -101,10 +101,10 @@ FROM tasks
 WHERE (ended_at IS NULL) <> (state IN ({live_task_states})) OR ended_at < created_at
 
 -- name: audit_store_decided_after_high_water
--- No decision used a time later than the persisted high-water mark (its greatest row).
+-- No decision used a time later than the persisted high-water mark.
 SELECT tasks.task_id AS identity,
        'updated_at ' || tasks.updated_at || ' > high water ' || clock.high_water AS detail
-FROM tasks, (SELECT max(high_water) AS high_water FROM postroom_clock) AS clock
+FROM tasks, (SELECT {persisted_high_water} AS high_water) AS clock
 WHERE tasks.updated_at > clock.high_water
 
 -- name: audit_store_requeue_without_reply
@@ -310,7 +310,7 @@ FROM (
     UNION ALL
     SELECT flow || '/' || step || '#' || generation, 'applied_at', applied_at
     FROM wait_effects
-) AS decided, (SELECT max(high_water) AS high_water FROM postroom_clock) AS clock
+) AS decided, (SELECT {persisted_high_water} AS high_water) AS clock
 WHERE decided.at > clock.high_water
 
 -- name: audit_store_limit_slots_mismatch

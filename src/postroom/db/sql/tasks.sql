@@ -2,10 +2,20 @@
 -- state (and, for an owner's call, owner/fence/lease/deadline) it expects: a lost race shows
 -- up as zero rows, never as an overwrite.
 
+-- fragment: persisted_high_water
+-- The time high-water mark: the greatest time a committed decision persisted, in a row of
+-- postroom_clock or as the creation of the newest task (a transaction that creates a task
+-- decides at the time it stores as its created_at, so it writes no clock row; the head of
+-- tasks_by_created answers).
+(SELECT CASE WHEN clock.high_water >= coalesce(newest.created_at, 0) THEN clock.high_water
+             ELSE newest.created_at END
+ FROM (SELECT max(high_water) AS high_water FROM postroom_clock) AS clock,
+      (SELECT max(created_at) AS created_at FROM tasks) AS newest)
+
 -- name: clock_read
--- The persisted time high-water mark (the greatest of its rows) and the database server's own
--- clock, for a dialect whose server is the time authority.
-SELECT max(high_water) AS high_water, {server_time} AS server_now FROM postroom_clock
+-- The persisted time high-water mark, and the database server's own clock for a dialect
+-- whose server is the time authority.
+SELECT {persisted_high_water} AS high_water, {server_time} AS server_now
 
 -- name: clock_advance
 -- Move one row of the high-water mark forward (never back).
