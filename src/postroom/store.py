@@ -376,6 +376,13 @@ class Store:
             claim = check_claim(outcome.claim)
             result_json = check_json(outcome.result, "result", limits=self._settings.limits,
                                      require_object=False)
+            charge = _charge(outcome.charge)
+            if _none(outcome.follow_ups) and _none(outcome.waits) \
+                    and _none(outcome.side_effects):
+                # What nearly every handler ends with: nothing but its result (the defaults).
+                return tasks.Settling(
+                    claim=claim, message="task finished", charge=charge,
+                    decide=lambda now: transitions.finish(result_json=result_json, now=now))
             return tasks.Settling(
                 claim=claim, message="task finished",
                 decide=lambda now: transitions.finish(result_json=result_json, now=now),
@@ -383,7 +390,7 @@ class Store:
                                                                "follow_ups")),
                 opens=self._waits(claim, check_batch(outcome.waits, "waits")),
                 asks=self._asks(check_batch(outcome.waits, "waits")),
-                charge=_charge(outcome.charge),
+                charge=charge,
                 effects=self._effects(check_batch(outcome.side_effects, "side_effects")))
         if isinstance(outcome, Failed):
             claim = check_claim(outcome.claim)
@@ -1412,6 +1419,11 @@ def _per_queue(per_queue: object, names: Sequence[str]) -> dict[str, int]:
             raise InvalidInput("per_queue", f"{queue!r} is not one of the queues claimed")
         caps[queue] = check_int(cap, f"per_queue[{queue!r}]", low=0, high=MAX_BATCH)
     return caps
+
+
+def _none(items: object) -> bool:
+    """Whether ``items`` is the empty tuple an outcome's field defaults to."""
+    return type(items) is tuple and not items
 
 
 def _charge(units: object) -> int:

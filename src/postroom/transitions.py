@@ -22,7 +22,7 @@ from postroom.models import (
     TaskState,
     WaitState,
 )
-from postroom.validation import canonical_json, fingerprint
+from postroom.validation import canonical_json, canonical_text, fingerprint
 
 __all__ = [
     "FLOOR_MARGIN",
@@ -181,11 +181,11 @@ def reply_content(task_id: str, status: TaskState, result_json: str,
     ``result_json`` is already canonical, so the body is assembled in key order rather than
     parsed and dumped again; a unit test pins that this equals ``canonical_json``.
     """
-    body = ('{"correlation_id":' + canonical_json(route.correlation_id)
-            + ',"kind":"result","parent_task_id":' + canonical_json(route.parent_task_id)
-            + ',"requester":' + canonical_json(route.requester)
-            + ',"result":' + result_json + ',"status":' + canonical_json(status.value)
-            + ',"task_id":' + canonical_json(task_id) + "}")
+    body = ('{"correlation_id":' + canonical_text(route.correlation_id)
+            + ',"kind":"result","parent_task_id":' + canonical_text(route.parent_task_id)
+            + ',"requester":' + canonical_text(route.requester)
+            + ',"result":' + result_json + ',"status":' + canonical_text(status.value)
+            + ',"task_id":' + canonical_text(task_id) + "}")
     return ReplyContent(reply_id=reply_id_for(task_id), status=status, body=body,
                         fingerprint=fingerprint(body))
 

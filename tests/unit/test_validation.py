@@ -292,3 +292,43 @@ def test_a_kind_that_cannot_be_compared_is_refused_not_crashed_on():
 def test_every_field_of_a_claim_is_type_checked_in_order(record, checks):
     # A field added to a claim without a check would reach SQL unchecked.
     assert list(checks) == [field.name for field in dataclasses.fields(record)]
+
+
+_ANY_VALUE = st.one_of(st.none(), st.booleans(), st.integers(min_value=-2**70, max_value=2**70),
+                       st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=300),
+                       st.binary(max_size=8), st.dictionaries(st.text(max_size=3),
+                                                              st.integers(), max_size=2))
+
+
+_ISSUED_CLAIM = Claim(task_id="a" * 64, owner="w", fence=3, attempt=1, max_attempts=3,
+                      payload={"n": 1}, queue="default", hops=0, deadline=1e9 + 0.5,
+                      lease_until=1e9 + 30.5, principal="bench", message_id="m-1",
+                      correlation_id=None, requester="bench")
+_ISSUED_REPLY_CLAIM = ReplyClaim(reply_id="reply:" + "a" * 64, task_id="a" * 64, owner="d",
+                                 fence=1, attempt=1, budget=3, lease_until=1e9 + 30.5,
+                                 body='{"kind":"result"}', fingerprint="b" * 64,
+                                 requester=None)
+
+
+@given(field=st.sampled_from([field.name for field in dataclasses.fields(Claim)]),
+       value=_ANY_VALUE)
+@settings(max_examples=400)
+def test_a_claim_checked_quickly_is_one_the_field_checks_accept(field, value):
+    from postroom.validation import _CLAIM_ISSUED, CLAIM_FIELDS, _as_issued
+
+    claim = dataclasses.replace(_ISSUED_CLAIM, **{field: value})
+    if _as_issued(claim, _CLAIM_ISSUED):
+        for name, check in CLAIM_FIELDS.items():
+            check(getattr(claim, name), name)  # none of them refuses it
+
+
+@given(field=st.sampled_from([field.name for field in dataclasses.fields(ReplyClaim)]),
+       value=_ANY_VALUE)
+@settings(max_examples=400)
+def test_a_reply_claim_checked_quickly_is_one_the_field_checks_accept(field, value):
+    from postroom.validation import _REPLY_CLAIM_ISSUED, REPLY_CLAIM_FIELDS, _as_issued
+
+    claim = dataclasses.replace(_ISSUED_REPLY_CLAIM, **{field: value})
+    if _as_issued(claim, _REPLY_CLAIM_ISSUED):
+        for name, check in REPLY_CLAIM_FIELDS.items():
+            check(getattr(claim, name), name)
