@@ -16,6 +16,7 @@ the type checker, is a dependency all the same). The layers, top down:
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -128,6 +129,18 @@ def test_no_module_imports_from_a_layer_above_its_own():
 def test_no_two_layers_import_each_other():
     edges = {(source, target) for source, target in arrows() if source != target}
     assert sorted(f"{a} <-> {b}" for a, b in edges if (b, a) in edges) == []
+
+
+def test_the_whiteboard_draws_these_layers_and_only_downward_arrows():
+    # layers.json is the picture `farm-studio draw layers.json` checks the house against.
+    board = json.loads((PACKAGE.parents[1] / "layers.json").read_text("utf-8"))
+    drawn = {name: sorted(room.removeprefix("src/postroom/").removesuffix("/")
+                          .removesuffix(".py") for room in part["is"])
+             for name, part in board["parts"].items()}
+    assert drawn == {name: sorted(members) for name, members in LAYERS}
+    assert [f"{a} -> {b}" for a, b in board["arrows"] if RANK[b] >= RANK[a]] == []
+    assert [f"{a} -> {b}" for a, b, _ in board["never"] if RANK[b] < RANK[a]
+            and (a, b) in arrows()] == []
 
 
 def test_the_checker_finds_an_upward_import(tmp_path, monkeypatch):
