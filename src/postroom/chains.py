@@ -8,11 +8,13 @@ the row locked, so concurrent spawns are counted one after another: work past a 
 stored terminal (``hop_limit``, ``budget_exhausted`` naming the budget) with its reply, and
 never runs.
 
-Most roots never spawn, so a root born to run within the store's own budgets gets no row
-when it is received (it would cost every receive a b-tree of its own): its chain is then the
-store's budgets with one task admitted and nothing charged, and the first transaction that
-needs the row -- a spawn, a charge, a cancel -- writes exactly that, locked. A root that
-lowers a budget, or is born terminal (none admitted), gets its row at once.
+Most roots never spawn, so a root born to run that names no budget gets no row when it is
+received (it would cost every receive a b-tree of its own): its chain is then the store's
+budgets with one task admitted and nothing charged, and the first transaction that needs
+the row -- a spawn, a charge, a cancel -- writes exactly that, locked, with the budgets of
+the store that writes it. A root whose envelope names a budget (even one equal to the
+store's: it must hold if the store's settings change), or that is born terminal (none
+admitted), gets its row at once.
 
 Hops and parents are postroom's: a linked task's hops are its parent's + 1, whatever its
 body says, and a message naming a parent is linked only when its sender is the parent's own
@@ -44,6 +46,7 @@ class Placement:
     budget_spent: str | None = None
     opens: Chain | None = None
     cancelled: str | None = None  # why its chain was cancelled, if it was
+    asked: bool = False  # a root whose envelope named budgets: its row keeps them
 
 
 def place(tx: Tx, settings: Settings, checked: CheckedEnvelope
@@ -94,7 +97,8 @@ def _root(settings: Settings, checked: CheckedEnvelope, now: float) -> Placement
     opens = Chain(root_task_id=checked.task_id, principal=checked.principal, max_hops=max_hops,
                   max_tasks=max_tasks, max_cost=lowered("cost", settings.max_chain_cost),
                   tasks=0, cost=0, created_at=now)
-    return Placement(root_task_id=checked.task_id, max_hops=max_hops, opens=opens)
+    return Placement(root_task_id=checked.task_id, max_hops=max_hops, opens=opens,
+                     asked=checked.budget is not None)
 
 
 def admit(tx: Tx, settings: Settings, placed: Sequence[tuple[Placement, TaskState]]) -> None:
@@ -107,7 +111,8 @@ def admit(tx: Tx, settings: Settings, placed: Sequence[tuple[Placement, TaskStat
                "tasks": int(state is TaskState.PENDING), "now": tx.now}
               for placement, state in placed
               if placement.opens is not None
-              and not _as_stored_by_default(settings, placement.opens, state)]
+              and (placement.asked
+                   or not _as_stored_by_default(settings, placement.opens, state))]
     if opened:
         tx.change_many("chain_insert", opened)
     for placement, state in placed:

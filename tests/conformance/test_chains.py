@@ -59,6 +59,19 @@ def test_a_root_born_terminal_writes_its_chain_row_with_nothing_admitted(store, 
     assert store.chain(root).tasks == 0
 
 
+def test_a_budget_named_equal_to_the_stores_holds_when_the_stores_settings_change(
+        db_url, clock, auth):
+    asked = Budget(hops=SETTINGS.max_hops, tasks=SETTINGS.max_chain_tasks)
+    with postroom.open_store(db_url, clock=clock, settings=SETTINGS) as store:
+        root = store.receive(auth, envelope(budget=asked)).task_id
+    wider = replace(SETTINGS, max_hops=SETTINGS.max_hops + 5,
+                    max_chain_tasks=SETTINGS.max_chain_tasks + 100)
+    with postroom.open_store(db_url, clock=clock, settings=wider) as store:
+        _spawn(store, store.claim("w"), "a")
+        chain = store.chain(root)
+    assert (chain.max_hops, chain.max_tasks) == (SETTINGS.max_hops, SETTINGS.max_chain_tasks)
+
+
 def test_a_roots_first_spawn_writes_its_chain_row_counting_the_root(store, auth):
     root = store.receive(auth, envelope()).task_id
     _spawn(store, store.claim("w"), "a", "b")
