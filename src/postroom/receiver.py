@@ -90,23 +90,26 @@ class Receiver:
         # take the receipts' key locks in one order (on PostgreSQL the second waits for the
         # first instead of deadlocking). The sort is stable: of one id given twice, the
         # first in the batch is the new one.
+        receipts: dict[int, int] = {}
         for index in sorted(parsed, key=lambda i: replies[i].reply_id):
-            if (refused := self._record(tx, replies[index])) is not None:
-                outcomes[index] = refused
+            recorded = self._record(tx, replies[index])
+            if isinstance(recorded, Outcome):
+                outcomes[index] = recorded
             else:
-                documents[index] = parsed[index]
+                documents[index], receipts[index] = parsed[index], recorded
         for index, document in sorted(documents.items()):
-            tx.change("effect_insert", **_effect(replies[index], document, tx.now))
+            tx.change("effect_insert", receipt=receipts[index],
+                      **_effect(replies[index], document, tx.now))
             if self._effect is not None:
                 self._effect(tx, document)
             outcomes[index] = Outcome.delivered()
         return [outcomes[index] for index in range(len(replies))]
 
-    def _record(self, tx: Tx, reply: Outgoing) -> Outcome | None:
-        """Insert the receipt: ``None`` if it is new, else the duplicate or the collision."""
+    def _record(self, tx: Tx, reply: Outgoing) -> Outcome | int:
+        """Insert the receipt: its id if it is new, else the duplicate or the collision."""
         receipt = _receipt(reply, tx.now)
-        if tx.one("receipt_insert", **receipt) is not None:
-            return None
+        if (inserted := tx.one("receipt_insert", **receipt)) is not None:
+            return int(inserted["id"])
         stored = tx.one("receipt_get", reply_id=reply.reply_id)
         if stored is not None and stored["fingerprint"] == receipt["fingerprint"]:
             return Outcome.delivered(duplicate=True)

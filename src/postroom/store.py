@@ -376,21 +376,17 @@ class Store:
             claim = check_claim(outcome.claim)
             result_json = check_json(outcome.result, "result", limits=self._settings.limits,
                                      require_object=False)
-            charge = _charge(outcome.charge)
+            settling = tasks.Settling(
+                claim=claim, message="task finished", charge=_charge(outcome.charge),
+                decide=lambda now: transitions.finish(result_json=result_json, now=now))
             if _none(outcome.follow_ups) and _none(outcome.waits) \
                     and _none(outcome.side_effects):
-                # What nearly every handler ends with: nothing but its result (the defaults).
-                return tasks.Settling(
-                    claim=claim, message="task finished", charge=charge,
-                    decide=lambda now: transitions.finish(result_json=result_json, now=now))
-            return tasks.Settling(
-                claim=claim, message="task finished",
-                decide=lambda now: transitions.finish(result_json=result_json, now=now),
-                follow_ups=self._follow_ups(claim, check_batch(outcome.follow_ups,
-                                                               "follow_ups")),
-                opens=self._waits(claim, check_batch(outcome.waits, "waits")),
-                asks=self._asks(check_batch(outcome.waits, "waits")),
-                charge=charge,
+                return settling  # what nearly every handler ends with: only its result
+            follow_ups = self._follow_ups(claim, check_batch(outcome.follow_ups, "follow_ups"))
+            waits = check_batch(outcome.waits, "waits")
+            return replace(
+                settling, follow_ups=follow_ups, opens=self._waits(claim, waits),
+                asks=self._asks(waits),
                 effects=self._effects(check_batch(outcome.side_effects, "side_effects")))
         if isinstance(outcome, Failed):
             claim = check_claim(outcome.claim)

@@ -405,7 +405,7 @@ class Worker:
         if nothing:
             return _Reserved(0, {})
         settings = self._settings
-        slots = settings.concurrency + settings.prefetch - self._running - self._reserved
+        slots = self._free_slots()
         room = (2 * settings.concurrency + settings.prefetch - len(self._held) + settling
                 - self._reserved)
         free = max(0, min(slots, room))
@@ -450,10 +450,13 @@ class Worker:
         """Under the lock, after slots or outcomes changed: wake the claimer if it may claim
         now. While outcomes wait for their commit it may not (the settler claims with them),
         nor while every slot is taken (``_reserve`` would find none free)."""
-        settings = self._settings
-        if not self._unsettled and (self._running + self._reserved
-                                    < settings.concurrency + settings.prefetch):
+        if not self._unsettled and self._free_slots() > 0:
             self._claimable.notify()
+
+    def _free_slots(self) -> int:
+        """Handlers that may start beside those running and reserved (under the lock)."""
+        settings = self._settings
+        return settings.concurrency + settings.prefetch - self._running - self._reserved
 
     def _begin(self, held: _Held) -> None:
         spec = self._app.handler_for(held.claim.queue)

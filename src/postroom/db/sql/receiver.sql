@@ -7,17 +7,17 @@
 INSERT INTO receiver_receipts (reply_id, fingerprint, body, received_at)
 VALUES (:reply_id, :fingerprint, :body, :now)
 ON CONFLICT (reply_id) DO NOTHING
-RETURNING reply_id
+RETURNING id
 
 -- name: receipt_get
 -- Receiver: the stored receipt of a reply id.
 SELECT * FROM receiver_receipts WHERE reply_id = :reply_id
 
 -- name: effect_insert
--- Receiver: the business effect of a newly received reply (at most one per reply id).
+-- Receiver: the business effect of a newly received reply, keyed by its receipt's id (at most
+-- one per reply id).
 INSERT INTO receiver_effects (id, reply_id, task_id, status, result, applied_at)
-VALUES ((SELECT id FROM receiver_receipts WHERE reply_id = :reply_id), :reply_id, :task_id,
-        :status, :result, :now)
+VALUES (:receipt, :reply_id, :task_id, :status, :result, :now)
 
 -- name: effect_count
 -- Receiver: how many effects a reply id has (0 or 1 when the invariants hold).
