@@ -793,11 +793,16 @@ def principal_rotate(name: str, store_url: str, overlap: float) -> None:
               show_default=True, metavar="BYTES", help="The largest request body accepted.")
 @click.option("--timeout", type=click.FloatRange(0.5, 3600), default=30.0, show_default=True,
               metavar="SECONDS", help="Every request is answered within this.")
+@click.option("--threads", type=click.IntRange(1, 1024), default=40, show_default=True,
+              metavar="N", help="Requests served at once (each holds a thread while it calls "
+                                "the store; a claim while it waits for work).")
+@click.option("--access-log/--no-access-log", default=False, show_default=True,
+              help="Log a line for every request (uvicorn's access log).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), default="info",
               show_default=True, help="What it logs to stderr.")
 def serve(  # noqa: PLR0917 - click passes every option as an argument
-        url: str, host: str, port: int, max_body: int, timeout: float,
-        log_level: str) -> None:
+        url: str, host: str, port: int, max_body: int, timeout: float, threads: int,
+        access_log: bool, log_level: str) -> None:
     """Serve the HTTP API (and its OpenAPI document at /openapi.json) for the store at URL
     until SIGTERM or Ctrl-C.
 
@@ -807,9 +812,11 @@ def serve(  # noqa: PLR0917 - click passes every option as an argument
     from postroom.http.app import serve as run
     from postroom.store import open_store
 
-    limits = Limits(max_body=max_body, timeout=timeout, max_poll=min(20.0, timeout / 2))
+    limits = Limits(max_body=max_body, timeout=timeout, max_poll=min(20.0, timeout / 2),
+                    threads=threads)
     with open_store(url) as store:
-        run(store, host=host, port=port, limits=limits, log_level=log_level)
+        run(store, host=host, port=port, limits=limits, log_level=log_level,
+            access_log=access_log)
 
 
 # -- the operators' commands: status, list, inspect and their decisions (postroom.cli_ops) ------

@@ -9,6 +9,7 @@ import time
 import httpx
 import pytest
 
+from postroom import InvalidInput
 from postroom.http.app import ROUTES, create_app
 from postroom.http.routing import Answer, Limits, Route
 from tests.service.conftest import Server
@@ -318,6 +319,48 @@ def test_every_request_is_answered_within_the_timeout(store):
         answer = httpx.get(f"{url}/slow", timeout=10)
     assert answer.status_code == 503 and answer.json()["type"] == "/problems/timeout"
     assert time.monotonic() - started < 2
+
+
+def test_no_more_calls_run_at_once_than_the_service_has_threads_and_the_rest_wait(store):
+    running, most, lock = 0, 0, threading.Lock()
+    all_queued = threading.Event()
+
+    def busy(call):
+        """Hold a thread until every request has arrived."""
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        all_queued.wait(10)
+        time.sleep(0.05)
+        with lock:
+            running -= 1
+        return Answer(body={})
+
+    route = Route(method="GET", path="/busy", handler=busy, roles=None)
+    app = create_app(store, limits=Limits(threads=2), routes=[route])
+    with Server(app) as url:
+        answers: list[int] = []
+
+        def ask() -> None:
+            answers.append(httpx.get(f"{url}/busy", timeout=10).status_code)
+
+        askers = [threading.Thread(target=ask) for _ in range(5)]
+        for asker in askers:
+            asker.start()
+        time.sleep(0.3)  # the five requests reach the server; two of them run
+        all_queued.set()
+        for asker in askers:
+            asker.join()
+    assert answers == [200] * 5
+    assert most == 2
+
+
+@pytest.mark.parametrize("threads", [0, 1025])
+def test_a_thread_count_outside_its_range_is_refused_naming_it(threads):
+    with pytest.raises(InvalidInput) as refused:
+        Limits(threads=threads)
+    assert refused.value.field == "threads"
 
 
 def test_a_missing_or_bad_token_is_one_401(service):

@@ -15,13 +15,16 @@ same tokens, the same 401) and decide who sees what with ``postroom.principals``
 rules, as the API does. ``postroom serve`` builds its app with ``build_app``, where the
 dashboard adds its routes.
 
-Serve it with any ASGI server; ``serve`` runs uvicorn with its own limits set (keep-alive,
-concurrency, header size) and the request limits of ``Limits``.
+Serve it with any asyncio ASGI server; ``serve`` runs uvicorn with its own limits set
+(keep-alive, concurrency, header size), the request limits of ``Limits`` and no access log
+(each line costs about a tenth of a submission's time; ``access_log=True`` turns it on).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from typing import Any
 
 from starlette.applications import Starlette
@@ -41,6 +44,7 @@ from postroom.http.routing import (
     Limits,
     Observer,
     Route,
+    Served,
     endpoint,
     openapi,
     problem_response,
@@ -163,16 +167,21 @@ def create_app(store: Store, *, limits: Limits | None = None,
         return problem_response(Problem(405, "method-not-allowed", "Method not allowed",
                                         f"{request.method} is not served here"))
 
-    known = Principals()
-    served: list[BaseRoute] = [StarletteRoute(route.path, endpoint(route, store, limits,
-                                                                   observe, known=known),
+    threads = ThreadPoolExecutor(limits.threads, thread_name_prefix="postroom-http")
+    shared = Served(store, limits, Principals(), threads)
+    served: list[BaseRoute] = [StarletteRoute(route.path, endpoint(route, shared, observe),
                                               methods=[route.method], name=route.name)
                                for route in routes]
     served.append(StarletteRoute("/openapi.json", openapi_json, methods=["GET"],
                                  name="openapi"))
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        threads.shutdown(wait=False)
+
     app = Starlette(routes=[*served, *extra_routes],
                     middleware=[Middleware(Guard, limits=limits)],
-                    exception_handlers={404: not_found, 405: not_allowed})
+                    exception_handlers={404: not_found, 405: not_allowed}, lifespan=lifespan)
     app.state.store = store
     app.state.limits = limits
     app.state.openapi = document
@@ -198,5 +207,5 @@ def serve(store: Store, *, host: str = "127.0.0.1", port: int = 8000,
     options: dict[str, Any] = {"timeout_keep_alive": 5, "limit_concurrency": 512,
                                "h11_max_incomplete_event_size": 16 * 1024,
                                "timeout_graceful_shutdown": int(limits.timeout),
-                               "log_level": "info", **uvicorn_options}
+                               "log_level": "info", "access_log": False, **uvicorn_options}
     uvicorn.run(build_app(store, limits=limits), host=host, port=port, **options)

@@ -4,7 +4,7 @@
 the ``Caller``: the stored ``Principal`` the token belongs to and the ``AuthContext`` the
 store is called with. Anything else (no header, another scheme, an unknown, rotated-out or
 revoked token) is one 401 problem, the same whatever failed. It reads the database: call it
-in a worker thread (``anyio.to_thread``), as the route dispatcher does. The dashboard's login
+in a worker thread, as the route dispatcher does. The dashboard's login
 (a token kept in a cookie) authenticates through the same function.
 
 ``Principals`` keeps the principals of the tokens a process has authenticated, so that the

@@ -24,17 +24,17 @@ problem are byte-identical.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
 import re
 import uuid
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
-import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -53,7 +53,8 @@ from postroom.http.auth import UNAUTHENTICATED, Caller, Principals, bearer
 from postroom.http.problems import CONTENT_TYPE, Problem, problem_for
 from postroom.validation import is_decimal
 
-__all__ = ["Answer", "Call", "Guard", "Limits", "Observer", "Route", "endpoint", "openapi"]
+__all__ = ["Answer", "Call", "Guard", "Limits", "Observer", "Route", "Served", "endpoint",
+           "openapi"]
 
 _log = logging.getLogger("postroom.http")
 
@@ -72,6 +73,9 @@ class Limits:
     timeout: float = 30.0
     #: The longest a claim may wait for work (its ``wait``), below ``timeout``.
     max_poll: float = 20.0
+    #: Requests served at once: each holds one of this many threads while it calls the
+    #: store (a claim for as long as it waits for work), and the rest queue for a thread.
+    threads: int = 40
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_body <= 64 * 1024 * 1024:
@@ -80,6 +84,8 @@ class Limits:
             raise InvalidInput("timeout", "must be in (0, 3600] seconds")
         if not 0 <= self.max_poll < self.timeout:
             raise InvalidInput("max_poll", "must be at least 0 and below timeout")
+        if not 1 <= self.threads <= 1024:
+            raise InvalidInput("threads", "must be 1 .. 1024")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -191,7 +197,7 @@ class Guard:
             return message
 
         try:
-            with anyio.fail_after(self.limits.timeout):
+            async with asyncio.timeout(self.limits.timeout):
                 await self.app(scope, receiving, sending)
         except Problem as problem:
             if not started:
@@ -243,19 +249,18 @@ Observer = Callable[[Route, "Answer | PostroomError"], None]
 
 @dataclass(frozen=True, slots=True)
 class Served:
-    """What every request to the app is served with."""
+    """What every request to the app is served with, shared by its endpoints: the store, the
+    limits, the principals of tokens already seen, and the threads that call the store."""
 
     store: Store
     limits: Limits
     known: Principals
+    threads: Executor
 
 
-def endpoint(route: Route, store: Store, limits: Limits,
-             observe: Observer | None = None, *,
-             known: Principals | None = None) -> Callable[[Request], Any]:
-    """The Starlette endpoint that serves ``route``; ``known`` is the principals of tokens
-    already seen, shared by the app's endpoints (``create_app`` makes one)."""
-    served = Served(store, limits, known if known is not None else Principals())
+def endpoint(route: Route, served: Served,
+             observe: Observer | None = None) -> Callable[[Request], Any]:
+    """The Starlette endpoint that serves ``route`` with ``served``."""
 
     async def serve(request: Request) -> Response:
         try:
@@ -280,8 +285,9 @@ async def _serve(route: Route, served: Served, request: Request) -> Answer:
     raw = await request.body() if route.body is not None else b""
     header = request.headers.get("authorization")
     # One trip to a worker thread for the whole call: authenticating reads the database too.
-    return await anyio.to_thread.run_sync(_call, route, served, request, header, raw,
-                                          abandon_on_cancel=True)
+    # A request that times out stops waiting for it; the call itself runs to its end.
+    return await asyncio.get_running_loop().run_in_executor(
+        served.threads, _call, route, served, request, header, raw)
 
 
 def _call(route: Route, served: Served, request: Request, header: str | None,
