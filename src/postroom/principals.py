@@ -57,6 +57,7 @@ __all__ = [
     "check_new",
     "check_overlap",
     "get",
+    "judge_token",
     "listed",
     "may_answer",
     "may_read_approval",
@@ -65,6 +66,7 @@ __all__ = [
     "may_work",
     "revoke",
     "rotate",
+    "token_lookup",
 ]
 
 ADD = Write("principal.add")
@@ -227,18 +229,28 @@ def authenticate(tx: Tx, token: object, *, now: float | None = None) -> Principa
     """The active principal ``token`` belongs to at ``now`` (default: the transaction's
     time); ``Unauthorized`` (always the same message) if it belongs to none, ended, or its
     principal is revoked."""
+    params = token_lookup(token)
+    row = tx.one("principal_token_get", **params) if params is not None else None
+    return judge_token(token, row, tx.now if now is None else now)
+
+
+def token_lookup(token: object) -> dict[str, str] | None:
+    """The parameters of query ``principal_token_get`` that find ``token``'s row; ``None``
+    if ``token`` is not shaped like one of postroom's."""
     match = _TOKEN.match(token) if isinstance(token, str) else None
-    if match is None:
-        raise Unauthorized(_REFUSED)
-    row = tx.one("principal_token_get", token_id=match.group(1))
+    return None if match is None else {"token_id": match.group(1)}
+
+
+def judge_token(token: object, row: Row | None, now: float) -> Principal:
+    """The active principal of ``token``, given the row ``principal_token_get`` found for it
+    (``None``: no row, or no lookup); ``Unauthorized`` as ``authenticate``."""
     presented = _digest(token) if isinstance(token, str) else ""
     stored = row["digest"] if row is not None else "0" * 64
     # Compare even when no row was found, so a miss costs what a hit costs.
     same = hmac.compare_digest(presented, stored)
     if row is None or not same or row["revoked_at"] is not None:
         raise Unauthorized(_REFUSED)
-    if row["expires_at"] is not None and float(row["expires_at"]) <= (
-            tx.now if now is None else now):
+    if row["expires_at"] is not None and float(row["expires_at"]) <= now:
         raise Unauthorized(_REFUSED)
     return Principal.from_row(row)
 

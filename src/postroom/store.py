@@ -33,7 +33,8 @@ from postroom import (
 )
 from postroom.audit import Violation
 from postroom.clock import Clock, finite_time
-from postroom.db.database import Database, Tx
+from postroom.db.database import Check, Database, Tx
+from postroom.db.dialect import Row
 from postroom.db.wakeups import REPLIES_CHANNEL, Waiter
 from postroom.endpoints import DEFAULT_CONCURRENCY
 from postroom.errors import (
@@ -925,19 +926,22 @@ class Store:
         transactions that confirmed the token: a block that ran none confirmed nothing.
         """
         confirmed = Confirmed()
+        lookup = principals.token_lookup(token)
+        if lookup is None:
+            raise Unconfirmed("the token no longer authenticates its principal")
 
-        def confirm(tx: Tx) -> None:
+        def confirm(tx: Tx, row: Row | None) -> None:
             # A transaction that decides nothing by time has no time of its own (0).
             now = tx.now or finite_time(self._db.clock.now())
             try:
-                current = principals.authenticate(tx, token, now=now)
+                current = principals.judge_token(token, row, now)
             except Unauthorized:
                 raise Unconfirmed("the token no longer authenticates its principal") from None
             if current != principal:
                 raise Unconfirmed("the token authenticates another principal")
             confirmed.transactions += 1
 
-        with self._db.checking(confirm):
+        with self._db.checking(Check("principal_token_get", lookup, confirm)):
             yield confirmed
 
     # -- waiting for work -----------------------------------------------------------------------

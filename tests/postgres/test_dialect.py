@@ -174,8 +174,8 @@ def test_a_resume_that_reads_a_continuation_committed_after_its_time_uses_the_la
     dialect = database_of(early).dialect
     decide = dialect.decision_time
 
-    def take_the_time_then_pause(tx, clock):
-        now = decide(tx, clock)
+    def take_the_time_then_pause(tx, clock, checks=()):
+        now = decide(tx, clock, checks)
         timed.set()
         go.wait(30)
         return now

@@ -124,6 +124,42 @@ def test_under_confirming_a_revoked_tokens_write_is_unconfirmed_and_writes_nothi
     assert sum(store.info()["tasks"].values()) == 0
 
 
+def test_a_confirmed_write_reads_its_token_with_its_first_statement_where_each_is_a_round_trip(
+        store, auth, monkeypatch):
+    issued = store.add_principal("alice", "agent")
+    principal = store.authenticate(issued.token)
+    dialect = database_of(store).dialect
+    statements = 0
+    execute = dialect.execute
+
+    def counting(*args, **kwargs):
+        nonlocal statements
+        statements += 1
+        return execute(*args, **kwargs)
+
+    monkeypatch.setattr(dialect, "execute", counting)
+    store.receive(auth, envelope("m-1"))
+    plain, statements = statements, 0
+    with store.confirming(issued.token, principal) as confirmed:
+        store.receive(auth, envelope("m-2"))
+    assert confirmed.transactions == 1
+    # On SQLite a statement is a call in process: the check is a statement of its own.
+    assert statements - plain == (0 if dialect.name == "postgres" else 1)
+
+
+def test_a_write_under_a_token_that_ended_by_the_stores_clock_is_unconfirmed(store, auth,
+                                                                           clock):
+    old = store.add_principal("alice", "agent")
+    principal = store.authenticate(old.token)
+    store.rotate_token("alice", overlap=10)
+    with store.confirming(old.token, principal):
+        store.receive(auth, envelope("m-1"))
+        clock.advance(11)
+        with pytest.raises(postroom.Unconfirmed):
+            store.receive(auth, envelope("m-2"))
+    assert sum(store.info()["tasks"].values()) == 1
+
+
 def test_confirming_refuses_a_token_that_ended_by_the_stores_clock(store, clock):
     old = store.add_principal("alice", "agent")
     principal = store.authenticate(old.token)

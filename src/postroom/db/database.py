@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from postroom import faults, log
@@ -29,7 +30,7 @@ from postroom.db.dialect import Dialect, Row
 from postroom.db.queries import QuerySet
 from postroom.errors import Fenced, PostroomError, SchemaError, StoreUnavailable
 
-__all__ = ["Database", "NotAllApplied", "Tx", "Write"]
+__all__ = ["Check", "Database", "NotAllApplied", "Tx", "Write"]
 
 T = TypeVar("T")
 
@@ -69,9 +70,9 @@ _MIGRATE = Write("migrate")
 class Tx:
     """One open transaction. Statements are run by query name with keyword parameters."""
 
-    __slots__ = ("_conn", "_dialect", "_queries", "_savepoints", "channels", "events",
-                 "forgets_time", "high_water", "kept_in_task", "now", "op", "tallies",
-                 "wrote")
+    __slots__ = ("_conn", "_dialect", "_queries", "_savepoints", "channels", "checked",
+                 "events", "forgets_time", "high_water", "kept_in_task", "now", "op",
+                 "tallies", "wrote")
 
     def __init__(self, conn: Any, dialect: Dialect, op: Write | None) -> None:
         self._conn = conn
@@ -90,6 +91,9 @@ class Tx:
         self.channels: set[str] = set()
         self.tallies: dict[tuple[str, str, str], int] = {}
         self.events: list[tuple[logging.Logger, int, str, dict[str, object]]] = []
+        #: The rows of the ``Check``s of ``Database.checking``, if the dialect read them with
+        #: the transaction's first statement (``Dialect.decision_time``).
+        self.checked: Sequence[Row | None] | None = None
         self._savepoints = 0
 
     @contextmanager
@@ -251,9 +255,20 @@ class Tx:
             self.events.append((logger, level, message, fields))
 
 
+@dataclass(frozen=True, slots=True)
+class Check:
+    """A condition a transaction must meet before its work runs: the first row of query
+    ``query`` with ``params`` (``None`` if there is none), which ``judge(tx, row)`` accepts or
+    refuses by raising. A dialect may read it together with the transaction's first
+    statement (``Dialect.decision_time``), saving a round trip."""
+
+    query: str
+    params: Mapping[str, Any]
+    judge: Callable[[Tx, Row | None], None]
+
+
 #: The checks ``Database.checking`` asks every transaction of this context to pass first.
-_CHECKS: ContextVar[tuple[Callable[[Tx], None], ...]] = ContextVar("postroom_checks",
-                                                                  default=())
+_CHECKS: ContextVar[tuple[Check, ...]] = ContextVar("postroom_checks", default=())
 
 
 class Database:
@@ -288,7 +303,8 @@ class Database:
         with self._open(write=True) as conn:
             tx = Tx(conn, dialect, op)
             if op.timed:
-                tx.now = (dialect.decision_time(tx, self.clock) if self._track_time
+                tx.now = (dialect.decision_time(tx, self.clock, _CHECKS.get())
+                          if self._track_time
                           else finite_time(dialect.current_time(tx, self.clock)))
             try:
                 yield tx
@@ -364,10 +380,11 @@ class Database:
         return self._retrying(self.reading, work)
 
     @contextmanager
-    def checking(self, check: Callable[[Tx], None]) -> Iterator[None]:
-        """Within the block, every ``read``, ``write`` and ``write_if`` this context runs calls
-        ``check(tx)`` first, in its own transaction: if ``check`` raises, the transaction rolls
-        back, its work never runs, and the error propagates. Checks nest: the inner runs last.
+    def checking(self, check: Check) -> Iterator[None]:
+        """Within the block, every ``read``, ``write`` and ``write_if`` this context runs
+        passes ``check`` first, in its own transaction: if its judge raises, the transaction
+        rolls back, its work never runs, and the error propagates. Checks nest: the inner is
+        judged last.
         """
         outer = _CHECKS.get()
         token = _CHECKS.set((*outer, check))
@@ -382,8 +399,12 @@ class Database:
         while True:
             try:
                 with begin() as tx:
-                    for check in _CHECKS.get():
-                        check(tx)
+                    checks = _CHECKS.get()
+                    if checks:
+                        rows = tx.checked if tx.checked is not None else [
+                            tx.one(check.query, **check.params) for check in checks]
+                        for check, row in zip(checks, rows, strict=True):
+                            check.judge(tx, row)
                     return work(tx)
             except StoreUnavailable as exc:
                 delay = self.dialect.retry_delay(exc, attempt)

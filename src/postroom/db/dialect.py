@@ -30,7 +30,7 @@ from postroom.db.queries import QuerySet, load_queries
 from postroom.db.wakeups import Wakeups
 
 if TYPE_CHECKING:
-    from postroom.db.database import Tx
+    from postroom.db.database import Check, Tx
     from postroom.errors import PostroomError
 
 __all__ = ["Dialect", "Row", "first_line"]
@@ -164,19 +164,25 @@ class Dialect(ABC):
         database reports them to this connection, and one warning per setting that weakens
         them (for ``postroom info``)."""
 
-    def decision_time(self, tx: Tx, clock: Clock) -> float:
+    def decision_time(self, tx: Tx, clock: Clock, checks: Sequence[Check] = ()) -> float:
         """The time a write transaction decides with: never below the persisted high-water.
 
         The high-water is the greatest of the ``postroom_clock`` rows (one row on SQLite,
         several on PostgreSQL, see ``clock_shard``) and of the newest task's creation; it is
         read in the transaction's first statement, so it includes every decision committed
-        before this transaction began.
+        before this transaction began. A dialect whose statements cost a round trip may read
+        the rows of ``checks`` in that statement too, into ``tx.checked``.
         """
-        row = tx.one("clock_read")
+        row = self.clock_read(tx, checks)
         high_water = (float(row["high_water"])
                       if row is not None and row["high_water"] is not None else 0.0)
         tx.high_water = high_water
         return max(finite_time(self.source_time(clock, row)), high_water)
+
+    def clock_read(self, tx: Tx, checks: Sequence[Check]) -> Row | None:
+        """The ``clock_read`` row (here without the checks' rows: each is its own statement,
+        which costs next to nothing in process)."""
+        return tx.one("clock_read")
 
     def source_time(self, clock: Clock, row: Row | None) -> float:
         """The time source's reading for a decision (``row`` is the ``clock_read`` row)."""

@@ -87,7 +87,7 @@ from postroom.errors import (
 )
 
 if TYPE_CHECKING:
-    from postroom.db.database import Tx
+    from postroom.db.database import Check, Tx
 
 __all__ = ["NETWORK", "PostgresDialect", "ServerClock", "durability_warnings",
            "lost_commit_fate", "missing_schema"]
@@ -568,6 +568,33 @@ class PostgresDialect(Dialect):
     def default_clock(self) -> Clock:
         """The server's clock: every host decides with the same time."""
         return ServerClock(self)
+
+    def clock_read(self, tx: Tx, checks: Sequence[Check]) -> Row | None:
+        """The ``clock_read`` row, with the first row of each check's query (as JSON, in
+        ``tx.checked``) read by the same statement: one round trip where each would be one."""
+        if not checks:
+            return tx.one("clock_read")
+        names = tuple(check.query for check in checks)
+        params: dict[str, Any] = {}
+        for check in checks:
+            if params.keys() & check.params.keys():  # two checks name one parameter alike
+                return tx.one("clock_read")
+            params.update(check.params)
+        statement = self._clock_reads.get(names)
+        if statement is None:
+            checked = ", ".join(
+                f"(SELECT row_to_json(q) FROM ({self.queries[name].sql}) AS q LIMIT 1) "
+                f"AS check_{n}" for n, name in enumerate(names))
+            statement = self._clock_reads[names] = (
+                f"SELECT clock.*, {checked} FROM ({self.queries['clock_read'].sql}) AS clock")
+        row = _one(self.execute(tx.conn, statement, params))
+        tx.checked = [row[f"check_{n}"] for n in range(len(checks))]
+        return row
+
+    @cached_property
+    def _clock_reads(self) -> dict[tuple[str, ...], str]:
+        """The statement ``clock_read`` with checks, by the checks' query names."""
+        return {}
 
     def source_time(self, clock: Clock, row: Row | None) -> float:
         """The server time read with the high-water, unless the store was given a clock."""
