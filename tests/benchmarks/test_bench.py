@@ -53,6 +53,10 @@ PG_STEP_ROWS = {f"steps.postgres.{step}" for step in STEPS}
 HTTP_KINDS = ("receive", "submit", "healthz", "whoami", "submit_stdlib", "client_floor")
 HTTP_ROWS = {f"http.sqlite.{kind}" for kind in HTTP_KINDS}
 PG_HTTP_ROWS = {f"http.postgres.{kind}" for kind in HTTP_KINDS}
+#: Where each kernel call's time goes, sampled by py-spy, on each backend.
+CALLS = ("receive", "claim", "finish", "dispatch", "signal")
+PROFILE_ROWS = {f"profiles.sqlite.{call}" for call in CALLS}
+PG_PROFILE_ROWS = {f"profiles.postgres.{call}" for call in CALLS}
 
 
 def _peer_rows(system: str, *, delivered: bool = False) -> set[str]:
@@ -128,7 +132,7 @@ def test_quick_run_reports_every_scenario_with_a_ratio_to_the_raw_loop(quick_rep
     rows = {row["id"]: row for row in quick_report["measurements"]
             if row["backend"] == "sqlite"}
     assert set(rows) == (SQLITE_ROWS | RUNTIME_ROWS | LATENCY_ROWS | RSS_ROWS | STEP_ROWS
-                         | PEER_ROWS | HTTP_ROWS | FRAME_ROWS)
+                         | PEER_ROWS | HTTP_ROWS | FRAME_ROWS | PROFILE_ROWS)
     for row in (rows[name] for name in SQLITE_ROWS | RUNTIME_ROWS | HTTP_ROWS):
         assert row["value"] == pytest.approx(statistics.median(row["rounds"]), abs=0.1)
         assert len(row["round_ratios"]) == len(row["rounds"]) > 0
@@ -243,7 +247,8 @@ def test_quick_run_judges_every_bar(quick_report):
 def test_quick_run_measures_postgres_workers_and_latency(pg_report):
     rows = {row["id"]: row for row in pg_report["measurements"] if row["backend"] == "postgres"}
     assert set(rows) == (POSTGRES_THROUGHPUT_ROWS | PG_RUNTIME_ROWS | PG_STEP_ROWS | PG_PEER_ROWS
-                         | PG_HTTP_ROWS | PG_BACKLOG_ROWS | {"pg.latency.p50", "pg.latency.p99"})
+                         | PG_HTTP_ROWS | PG_BACKLOG_ROWS | PG_PROFILE_ROWS
+                         | {"pg.latency.p50", "pg.latency.p99"})
     for name in POSTGRES_THROUGHPUT_ROWS:
         row = rows[name]
         assert row["unit"] == "tasks/s" and row["value"] > 0
@@ -450,6 +455,35 @@ def test_quick_run_reads_postgres_wal_bytes_of_each_step(pg_report):
         assert row["details"]["round_trips"] >= 2
 
 
+def test_quick_run_samples_where_each_kernel_calls_time_goes(quick_report):
+    rows = {row["id"]: row for row in quick_report["measurements"]}
+    for name in PROFILE_ROWS:
+        row, details = rows[name], rows[name]["details"]
+        assert row["unit"] == "us/call" and row["value"] > 0
+        assert details["calls"] == quick_report["sizes"]["profile_calls"]
+        assert details["samples"] > 0
+        assert sum(details["shares"].values()) == pytest.approx(1.0, abs=0.01)
+        # every call commits: the sampler sees the COMMIT
+        assert details["shares"]["commit"] > 0
+        for item in details["top"]:
+            assert item["module"].startswith("postroom/") and "_bench" not in item["module"]
+            assert 0 < item["share"] <= details["shares"]["postroom"]
+
+
+def test_quick_run_samples_the_kernel_calls_on_postgres_too(pg_report):
+    rows = {row["id"]: row for row in pg_report["measurements"]}
+    for name in PG_PROFILE_ROWS:
+        assert rows[name]["details"]["shares"]["commit"] > 0
+
+
+def test_results_markdown_tabulates_the_profiles(quick_report):
+    text = render(quick_report)
+    profiles = text.partition("## Profiles of the kernel calls")[2].partition("## ")[0]
+    for call in CALLS:
+        assert f"| sqlite | {call} |" in profiles
+        assert f"- sqlite, `{call}`: " in profiles
+
+
 def test_results_markdown_tabulates_the_peers_and_the_steps(quick_report):
     text = render(quick_report)
     peers = text.partition("## Beside the peers")[2].partition("## Sizes")[0]
@@ -492,7 +526,7 @@ def test_unreachable_postgres_fails_the_run_before_anything_runs():
         assert "PostgreSQL at postgresql://postgres:***@127.0.0.1:1/postgres is unreachable" \
             in done.stderr
         assert ("pg-claim, pg-claim-backlog, pg-e2e, pg-latency, pg-workers, pg-worker-latency, "
-                "pg-rss, pg-steps, pg-peers, pg-http-submit need it" in done.stderr)
+                "pg-rss, pg-steps, pg-peers, pg-http-submit, pg-profiles need it" in done.stderr)
         assert "--only" in done.stderr
         assert "hidden" not in done.stderr and done.stdout == ""
         assert list(folder.iterdir()) == []

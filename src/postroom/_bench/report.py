@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from postroom._bench import plots
-from postroom._bench.scenarios import peers, steps
+from postroom._bench.scenarios import peers, profiles, steps
 
 __all__ = ["checkout_results", "render", "write"]
 
@@ -178,7 +178,7 @@ def render(report: dict[str, Any]) -> str:
         for name, plan in largest["details"]["claim_plans"].items():
             lines += [f"{name}:", *(f"  {line}" for line in plan)]
         lines.append("```")
-    lines += steps.markdown(report) + peers.markdown(report)
+    lines += steps.markdown(report) + profiles.markdown(report) + peers.markdown(report)
     lines += ["", "## Sizes", "", "```", *_sizes(report["sizes"]), "```", ""]
     return "\n".join(lines)
 

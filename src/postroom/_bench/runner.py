@@ -21,6 +21,7 @@ from postroom._bench.scenarios import (
     http_submit,
     peers,
     postgres,
+    profiles,
     runtime,
     steps,
     waits,
@@ -66,6 +67,8 @@ SCENARIOS: dict[str, Scenario] = {
     "pg-peers": Scenario(peers.run_pg_peers, "postgres"),
     "http-submit": Scenario(http_submit.run),
     "pg-http-submit": Scenario(http_submit.run, "postgres"),
+    "profiles": Scenario(profiles.run),
+    "pg-profiles": Scenario(profiles.run, "postgres"),
 }
 
 
