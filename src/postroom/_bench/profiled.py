@@ -1,11 +1,11 @@
 """The process the profiles scenarios sample: ``python -m postroom._bench.profiled STORE_URL
 RECEIVER_URL CALLS``.
 
-It makes what each kernel call needs first (unsampled), then for each step in
-``profiles.STEPS`` prints ``ready STEP``, waits for a line on its standard input (the sampler
-has attached), makes ``CALLS`` calls one at a time, and prints ``done STEP SECONDS``. After
-the last step it checks the run (one receiver effect per task, a clean audit of both
-databases) and prints ``checked``.
+It makes what each kernel call needs first (unsampled: the envelopes, the waits to signal), then
+for each step of ``profiles.STEPS`` prints ``ready STEP``, waits for a line on its standard
+input (the sampler has attached), makes ``CALLS`` calls one at a time, and prints ``done STEP
+SECONDS``. After the last step it checks the run (one receiver effect per task, a clean audit of
+both databases) and prints ``checked``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from collections.abc import Callable
 
 import postroom
 from postroom._bench.context import BenchError
-from postroom._bench.scenarios.end_to_end import _check, _envelope
+from postroom._bench.scenarios.end_to_end import _check, _envelope, one_task
+from postroom._bench.scenarios.profiles import STEPS
 
 _AUTH = postroom.AuthContext(principal="bench")
 _DAY = 86_400.0
@@ -38,11 +39,7 @@ def main(store_url: str, receiver_url: str, calls: int) -> None:
         transport = postroom.InProcessTransport(receiver)
         deadline = time.time() + _DAY
         for n in range(_WARM_UP):  # the statements prepared, the files' first pages
-            store.receive(_AUTH, _envelope(-1 - n, deadline))
-            claim = store.claim("worker")
-            assert claim is not None
-            store.finish(claim, None)
-            store.dispatch(transport)
+            one_task(store, transport, -1 - n)
         envelopes = [_envelope(n, deadline) for n in range(calls)]
         claims: list[postroom.Claim] = []
 
@@ -67,6 +64,10 @@ def main(store_url: str, receiver_url: str, calls: int) -> None:
                     raise BenchError("a reply was not delivered")
 
         flows = [f"profile/{n}" for n in range(calls)]
+        for flow in flows:
+            if store.open_wait(flow, "step", 0, deadline).result \
+                    is not postroom.OpenResult.OPENED:
+                raise BenchError(f"the wait {flow} did not open")
 
         def signal() -> None:
             for n, flow in enumerate(flows):
@@ -74,15 +75,10 @@ def main(store_url: str, receiver_url: str, calls: int) -> None:
                 if answer.result is not postroom.SignalResult.ACCEPTED:
                     raise BenchError(f"the signal of {flow} returned {answer.result}")
 
-        _step("receive", receive)
-        _step("claim", claim_each)
-        _step("finish", finish)
-        _step("dispatch", dispatch)
-        for flow in flows:
-            if store.open_wait(flow, "step", 0, deadline).result \
-                    is not postroom.OpenResult.OPENED:
-                raise BenchError(f"the wait {flow} did not open")
-        _step("signal", signal)
+        loops = {"receive": receive, "claim": claim_each, "finish": finish,
+                 "dispatch": dispatch, "signal": signal}
+        for step in STEPS:
+            _step(step, loops[step])
         _check(store, receiver, calls + _WARM_UP)
     print("checked", flush=True)
 

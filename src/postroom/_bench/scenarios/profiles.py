@@ -2,17 +2,17 @@
 ``finish``, ``dispatch`` and ``signal``, one call (and one commit) at a time, sampled from
 outside the process by py-spy, 1,000 times a second, without pausing it.
 
-A process of its own (``postroom._bench.profiled``) makes what each step needs beforehand,
-unsampled (the envelopes, the tasks to claim and finish, the replies to dispatch, the waits
-to signal); then py-spy attaches and the process makes ``sizes.profile_calls`` calls of the
-step, one at a time. Every sample of its main thread counts, waiting included: a sample's
-time goes to the function running when it was taken (self time), grouped as the COMMIT (and
-the fsync it waits for), the other calls into the database driver (BEGIN and every
-statement, through the dialect into sqlite3 or psycopg), JSON (the standard library's encoder
-and decoder), the rest of postroom's own code, and everything else (the standard library).
-The table gives the time per call of the sampled loop and the share of each group; below it,
-for each step, postroom's functions with the most self time. The process ends with a clean
-audit of both databases and one receiver effect per task.
+A process of its own (``postroom._bench.profiled``) makes the envelopes and opens the waits
+beforehand, unsampled (each other step takes what the one before made: the tasks received are
+claimed, the claims finished, their replies dispatched); then, step by step, py-spy attaches and
+the process makes ``sizes.profile_calls`` calls of the step, one at a time. Every sample of its
+main thread counts, waiting included: a sample's time goes to the function running when it was
+taken (self time), grouped as the COMMIT (and the fsync it waits for), the other calls into the
+database driver (BEGIN and every statement, through the dialect into sqlite3 or psycopg), JSON
+(the standard library's encoder and decoder), the rest of postroom's own code, and everything
+else (the standard library). The table gives the time per call of the sampled loop and the share
+of each group; below it, for each step, postroom's functions with the most self time. The
+process ends with a clean audit of both databases and one receiver effect per task.
 """
 
 from __future__ import annotations
@@ -142,13 +142,15 @@ def _group(path: str) -> str:
 
 def _row(backend: str, step: str, calls: int, seconds_per_call: float,
          times: Counter[tuple[str, str, str]]) -> Measurement:
+    """The row of ``step``: its time per call, and its samples' shares by group and by
+    postroom's functions."""
     total = float(sum(times.values()))
     if not total:
         raise BenchError(f"py-spy took no sample of the main thread during {step}")
     shares: Counter[str] = Counter()
-    for (group, _, _), seconds in times.items():
-        shares[group] += seconds
-    ours = [(function, path, seconds) for (group, function, path), seconds in times.items()
+    for (group, _, _), samples in times.items():
+        shares[group] += samples
+    ours = [(function, path, samples) for (group, function, path), samples in times.items()
             if group == "postroom"]
     ours.sort(key=lambda item: -item[2])
     return Measurement(
@@ -158,8 +160,8 @@ def _row(backend: str, step: str, calls: int, seconds_per_call: float,
         details={"step": step, "calls": calls, "samples": round(total),
                  "shares": {group: round(shares[group] / total, 3) for group in _GROUPS},
                  "top": [{"function": function, "module": _module(path),
-                          "share": round(seconds / total, 3)}
-                         for function, path, seconds in ours[:_TOP]]})
+                          "share": round(samples / total, 3)}
+                         for function, path, samples in ours[:_TOP]]})
 
 
 def _module(path: str) -> str:
@@ -172,8 +174,8 @@ def markdown(report: dict[str, Any]) -> list[str]:
     rows = [row for row in report["measurements"] if row["id"].startswith("profiles.")]
     if not rows:
         return []
-    lines = ["", "## Profiles of the kernel calls", "", __doc__.split("\n\n", 1)[0]
-             .replace("\n", " "), "", __doc__.split("\n\n", 1)[1], "",
+    summary, how = __doc__.split("\n\n", 1)
+    lines = ["", "## Profiles of the kernel calls", "", summary.replace("\n", " "), "", how, "",
              "| backend | call | us per call | COMMIT | other statements | JSON "
              "| postroom's Python | other |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
