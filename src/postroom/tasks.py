@@ -268,12 +268,19 @@ def claim(tx: Tx, settings: Settings, *, owner: str, queues: Sequence[str], limi
     one for each task it hands out (a slot is free again once its task stops running); a
     queue in ``per_queue`` gives no more than that many (the claimer's own cap on it).
     """
-    sweep(tx, settings, SweepCounts())
     now = tx.now
     caps = per_queue or {}
-    controls = {queue: tx.one("queue_controls", queue=queue) for queue in dict.fromkeys(queues)
-                if caps.get(queue, limit) > 0}
-    ordered = [queue for queue, row in controls.items() if row is None or not row["paused"]]
+    looks: dict[str, Row] = {}
+    for queue in dict.fromkeys(queues):
+        if caps.get(queue, limit) > 0:
+            look = tx.one("claim_look", queue=queue, now=now)
+            assert look is not None, "a SELECT of subqueries answers one row"
+            looks[queue] = look
+    # Every look says the same of the sweep; without one (no queue wanted) it runs whole.
+    seen = next(iter(looks.values()), None)
+    sweep(tx, settings, SweepCounts(), leases=seen is None or bool(seen["leases"]),
+          deadlines=seen is None or bool(seen["deadlines"]))
+    ordered = [queue for queue, row in looks.items() if not row["paused"]]
     if len(ordered) > 1:
         # Several queues: one index probe per queue finds each head, and the earliest head
         # goes first. (A single ORDER BY across queues would need a temporary sort.)
@@ -286,8 +293,7 @@ def claim(tx: Tx, settings: Settings, *, owner: str, queues: Sequence[str], limi
     claims: list[Claim] = []
     for queue in ordered:
         want = min(limit - len(claims), caps.get(queue, limit))
-        control = controls[queue]
-        capped = control is not None and control["running_limit"] is not None
+        capped = looks[queue]["running_limit"] is not None
         slots = free_slots(tx, queue, want) if capped else []
         if capped and not slots:
             continue

@@ -136,6 +136,9 @@ DUE_QUERIES = {
     "tasks_due": ({"queue": "default", "now": START},
                   {"tasks_claimable", "tasks_running_leases", "tasks_live_deadlines"}),
     "replies_due": ({"now": START}, {"replies_ready", "replies_sending_leases"}),
+    # Inside the claim: whether its sweep has anything to do.
+    "claim_look": ({"queue": "default", "now": START},
+                   {"tasks_running_leases", "tasks_live_deadlines"}),
 }
 
 

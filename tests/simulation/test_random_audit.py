@@ -118,7 +118,7 @@ def rewrite_query(monkeypatch, name: str, old: str, new: str) -> None:
 
 
 def test_a_claim_that_takes_no_slot_of_a_limited_queue_is_reported(make_url, monkeypatch):
-    rewrite_query(monkeypatch, "queue_controls",
+    rewrite_query(monkeypatch, "claim_look",
                   "(SELECT running FROM queue_limits WHERE", "(SELECT NULL FROM queue_limits WHERE")
     violation = first_violation(make_url)
     # A claim past the limit takes a slot it does not have, or more than the free ones.
@@ -127,7 +127,7 @@ def test_a_claim_that_takes_no_slot_of_a_limited_queue_is_reported(make_url, mon
 
 
 def test_a_claim_that_ignores_a_pause_is_reported(make_url, monkeypatch):
-    rewrite_query(monkeypatch, "queue_controls",
+    rewrite_query(monkeypatch, "claim_look",
                   "(SELECT 1 FROM paused_queues WHERE", "(SELECT NULL FROM paused_queues WHERE")
     violation = first_violation(make_url)
     assert any("which allowed 0" in problem for problem in violation.problems)

@@ -9,23 +9,17 @@
 SELECT ((NOT EXISTS (SELECT 1 FROM paused_queues WHERE queue = :queue)
          AND (SELECT claim_at FROM tasks WHERE {claimable}
               ORDER BY claim_at LIMIT 1) IS NOT NULL)
-        OR (SELECT lease_until FROM tasks WHERE state = 'running' AND lease_until <= :now
-            ORDER BY lease_until LIMIT 1) IS NOT NULL
-        OR (SELECT deadline FROM tasks WHERE ended_at IS NULL AND deadline <= :now
-            ORDER BY deadline LIMIT 1) IS NOT NULL) AS due
+        OR {lease_ran_out} IS NOT NULL
+        OR {deadline_passed} IS NOT NULL) AS due
 
 -- name: sweep_due
 -- A task or delivery lease that ran out (:leases), or a live task past its deadline
 -- (:deadlines): what a sweep would do.
-SELECT ((:leases = 1 AND (SELECT lease_until FROM tasks
-                          WHERE state = 'running' AND lease_until <= :now
-                          ORDER BY lease_until LIMIT 1) IS NOT NULL)
+SELECT ((:leases = 1 AND {lease_ran_out} IS NOT NULL)
         OR (:leases = 1 AND (SELECT lease_until FROM replies
                              WHERE state = 'sending' AND lease_until <= :now
                              ORDER BY lease_until LIMIT 1) IS NOT NULL)
-        OR (:deadlines = 1 AND (SELECT deadline FROM tasks
-                                WHERE ended_at IS NULL AND deadline <= :now
-                                ORDER BY deadline LIMIT 1) IS NOT NULL)) AS due
+        OR (:deadlines = 1 AND {deadline_passed} IS NOT NULL)) AS due
 
 -- name: waits_due_any
 -- A waiting wait whose deadline has come: what a sweep of due waits would time out.

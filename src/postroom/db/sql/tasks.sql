@@ -139,6 +139,16 @@ RETURNING tasks.task_id, tasks.principal, tasks.message_id, tasks.queue, tasks.p
           tasks.lease_until, tasks.correlation_id, tasks.requester, tasks.claim_at,
           tasks.created_at
 
+-- fragment: lease_ran_out
+-- The lease at the head of the running leases' index, if it ran out by :now (else NULL).
+(SELECT lease_until FROM tasks WHERE state = 'running' AND lease_until <= :now
+ ORDER BY lease_until LIMIT 1)
+
+-- fragment: deadline_passed
+-- The deadline at the head of the live deadlines' index, if it passed by :now (else NULL).
+(SELECT deadline FROM tasks WHERE ended_at IS NULL AND deadline <= :now
+ ORDER BY deadline LIMIT 1)
+
 -- name: tasks_lease_expired
 -- Running tasks whose lease ran out, oldest first (bounded sweep). Where rows can be locked,
 -- they are, and rows another sweeper or owner holds are left to it.
@@ -274,10 +284,15 @@ DELETE FROM tasks WHERE id = :id
 -- How many tasks are in each state.
 SELECT state, count(*) AS n FROM tasks GROUP BY state
 
--- name: queue_controls
--- Whether a queue is paused, and how many of its tasks may run at once (NULL: any number).
+-- name: claim_look
+-- What a claim reads before it takes anything, in one statement: whether :queue is paused and
+-- how many of its tasks may run at once (NULL: any number), and whether the claim's sweep has
+-- anything to do (a lease that ran out, a live deadline that passed: the heads of the
+-- sweep's indexes). The sweep's own reads, which lock rows where rows lock, run only then.
 SELECT (SELECT 1 FROM paused_queues WHERE queue = :queue) AS paused,
-       (SELECT running FROM queue_limits WHERE queue = :queue) AS running_limit
+       (SELECT running FROM queue_limits WHERE queue = :queue) AS running_limit,
+       {lease_ran_out} IS NOT NULL AS leases,
+       {deadline_passed} IS NOT NULL AS deadlines
 
 -- name: queue_free_slots
 -- Up to :limit of a limited queue's slots that no running task holds at the fence it was
