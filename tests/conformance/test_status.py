@@ -201,3 +201,24 @@ def test_a_reply_waiting_for_its_requesters_endpoint_is_counted_as_such(store, a
     assert store.claim_replies("d", routed=True) == []  # planner has no endpoint: parked
     queue = store.status().queues["default"]
     assert (queue.awaiting_endpoint, queue.deliveries[ReplyState.PENDING]) == (1, 1)
+
+
+def test_outcomes_in_many_queues_decided_by_one_transaction_are_each_counted(store, auth,
+                                                                             clock):
+    # One sweep expires the tasks of seven queues at once: seven tallies in one commit.
+    names = [f"q{i}" for i in range(7)]
+    store.receive_atomic(auth, [envelope(f"m-{name}", queue=name, deadline=START + 10)
+                                for name in names])
+    clock.advance(10)
+    assert store.sweep().deadlines_expired == len(names)
+    for name in names:
+        assert queue_status(store, name).outcomes == {**NO_OUTCOMES, TaskState.EXPIRED: 1}
+
+
+def test_one_settle_counts_each_outcome_it_decides(store, auth):
+    store.receive_atomic(auth, [envelope("m-1"), envelope("m-2")])
+    first, second = store.claim_batch("w", 2)
+    store.settle([postroom.Finished(claim=first, result=None),
+                  postroom.Failed(claim=second, reason="broken", retryable=False)])
+    assert queue_status(store).outcomes == {**NO_OUTCOMES, TaskState.DONE: 1,
+                                            TaskState.FAILED: 1}

@@ -316,7 +316,7 @@ class Database:
                 refused, tx.wrote = exc, True
             if tx.tallies:
                 shard = dialect.clock_shard(tx)
-                tx.change_many("counts_add", [
+                dialect.add_counts(tx, [
                     {"kind": kind, "queue": queue, "state": state, "shard": shard, "n": n}
                     for (kind, queue, state), n in sorted(tx.tallies.items())])
             if self._track_time:

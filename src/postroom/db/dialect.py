@@ -216,6 +216,14 @@ class Dialect(ABC):
         if self.time_to_record(tx):
             tx.change("clock_advance", now=tx.now, shard=self.clock_shard(tx))
 
+    def add_counts(self, tx: Tx, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Add the transaction's tallies to ``postroom_counts``: ``counts_add`` per row.
+
+        A dialect that pays a round trip per statement may instead add them with
+        ``before_commit``'s statement.
+        """
+        tx.change_many("counts_add", rows)
+
     def retry_delay(self, exc: PostroomError, attempt: int) -> float | None:
         """Seconds to wait before running a failed transaction again, or ``None`` to raise.
 
