@@ -8,6 +8,7 @@ open and ended.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable
@@ -175,7 +176,7 @@ def populated(request, tmp_path_factory):
         # the shared one would hold that back now and then, making index-only scans look
         # dear and a plan's choice a matter of timing.
         url = pg.create_database("read-plans")
-        cleanup: Callable[[], None] = lambda: pg.drop_database(url)  # noqa: E731
+        cleanup: Callable[[], None] = functools.partial(pg.drop_database, url)
     else:
         urls = UrlFactory(request.param, tmp_path_factory.mktemp("read-plans"))
         url, cleanup = urls("store"), urls.cleanup
