@@ -299,9 +299,9 @@ def claim(tx: Tx, settings: Settings, *, owner: str, queues: Sequence[str], limi
             continue
         rows = tx.all("claim_tasks", queue=queue, now=now, limit=len(slots) if capped else want,
                       owner=owner, lease_until=now + lease)
-        # The statement hands its rows back in no promised order: put them in the queue's.
-        ordered_rows = sorted(rows, key=lambda row: (float(row["claim_at"]),
-                                                     float(row["created_at"]), row["task_id"]))
+        # The statement hands its rows back in no promised order: put them in the queue's
+        # (claim_at, then arrival).
+        ordered_rows = sorted(rows, key=lambda row: (float(row["claim_at"]), int(row["id"])))
         taken = [claim_from_row(row, owner) for row in ordered_rows]
         for held, slot in zip(taken, slots, strict=False):
             tx.change("queue_slot_take", queue=queue, slot=slot, task_id=held.task_id,

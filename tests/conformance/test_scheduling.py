@@ -7,7 +7,9 @@ import pytest
 
 import postroom
 from postroom import TaskState
-from tests.support import START, envelope
+from postroom.db.database import Write
+from postroom.validation import task_id_for
+from tests.support import START, database_of, envelope
 
 # -- run later ----------------------------------------------------------------------------------
 
@@ -61,6 +63,31 @@ def test_a_higher_priority_is_claimed_first_then_availability_then_arrival(store
     store.receive(auth, envelope("normal-2"))
     order = [claim.message_id for claim in store.claim_batch("w", 4)]
     assert order == ["high", "normal-1", "normal-2", "low"]
+
+
+def test_tasks_due_at_the_same_moment_are_claimed_in_arrival_order_wherever_rows_are_stored(
+        store, auth):
+    first = store.receive(auth, envelope("first")).task_id
+    second = store.receive(auth, envelope("second")).task_id
+    assert store.task(first).available_at == store.task(second).available_at
+    # Move the first task's row and back: its claim index entry now points at a newer row
+    # version, stored after the second's (on PostgreSQL equal index keys follow the rows'
+    # places; every update that changes claim_at, as a release or a retry does, moves one).
+    for step in (1, -1):
+        database_of(store).write(Write("touch"), lambda tx, step=step: tx.execute(
+            "UPDATE tasks SET claim_at = claim_at + :step WHERE task_id = :task_id",
+            {"step": step, "task_id": first}))
+    assert [store.claim("w").task_id, store.claim("w").task_id] == [first, second]
+
+
+def test_a_batch_claim_hands_back_tasks_due_at_the_same_moment_in_arrival_order(store, auth):
+    # Two message ids whose task ids sort against their arrival: no order of ids stands in.
+    names = [f"m-{n}" for n in range(40)]
+    first, second = next((a, b) for a in names for b in names
+                         if task_id_for("planner", b) < task_id_for("planner", a))
+    acks = [store.receive(auth, envelope(name)) for name in (first, second)]
+    assert [claim.task_id for claim in store.claim_batch("w", 2)] == [
+        ack.task_id for ack in acks]
 
 
 def test_the_lowest_priority_is_not_starved_once_it_has_waited_long_enough(store, auth, clock):

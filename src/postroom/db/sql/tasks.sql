@@ -89,8 +89,8 @@ WHERE principal = :principal AND stream = :stream AND watermark < :watermark
 -- fragment: claimable
 -- A task that a claim of queue :queue may pick at :now: pending, available (not held back
 -- by a retry's backoff or its not_before), its deadline still ahead. Claims take them in
--- order of claim_at, its availability moved earlier by its priority (the partial index
--- tasks_claimable serves that order, head first). A task available by :now has its claim_at
+-- order of claim_at, its availability moved earlier by its priority, and among equals in
+-- order of arrival, id (the partial index tasks_claimable serves that order, head first). A task available by :now has its claim_at
 -- at most {claim_reach} seconds later (the lowest priority at the largest weight), so the
 -- walk of the index ends there, however many tasks are held until later.
 state = 'pending' AND queue = :queue AND claim_at <= :now + {claim_reach}
@@ -116,7 +116,7 @@ state = 'running' AND owner = :claim_owner AND fence = :fence
 -- when it became available.
 SELECT claim_at, available_at FROM tasks
 WHERE {claimable}
-ORDER BY claim_at
+ORDER BY claim_at, id
 LIMIT 1
 
 -- name: claim_tasks
@@ -125,7 +125,7 @@ LIMIT 1
 WITH picked AS (
     SELECT id FROM tasks
     WHERE {claimable}
-    ORDER BY claim_at
+    ORDER BY claim_at, id
     LIMIT :limit
     {skip_locked}
 )
@@ -137,7 +137,7 @@ WHERE tasks.id = picked.id AND tasks.state = 'pending'
 RETURNING tasks.task_id, tasks.principal, tasks.message_id, tasks.queue, tasks.payload,
           tasks.deadline, tasks.max_attempts, tasks.hops, tasks.attempts, tasks.fence,
           tasks.lease_until, tasks.correlation_id, tasks.requester, tasks.claim_at,
-          tasks.created_at
+          tasks.id
 
 -- fragment: lease_ran_out
 -- The lease at the head of the running leases' index, if it ran out by :now (else NULL).

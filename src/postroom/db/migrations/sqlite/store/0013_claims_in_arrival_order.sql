@@ -1,0 +1,4 @@
+-- postroom store, version 13: tasks with the same claim_at are claimed in order of arrival
+-- (the claims now say ORDER BY claim_at, id). Nothing changes here: an SQLite index keeps
+-- equal entries in rowid order, and id is the rowid, so tasks_claimable (queue, claim_at)
+-- already serves that order. PostgreSQL's index gains id; both schemas stay at one version.
