@@ -49,8 +49,11 @@ STEPS = ("receive", "claim", "finish", "dispatch_claim", "receiver", "dispatch_r
 STEP_ROWS = {f"steps.sqlite.{step}" for step in STEPS}
 PG_STEP_ROWS = {f"steps.postgres.{step}" for step in STEPS}
 #: Submit in process and over HTTP, one at a time, on each backend, and where the HTTP
-#: submission's time goes (an empty request, authentication alone, a lighter client).
-HTTP_KINDS = ("receive", "submit", "healthz", "whoami", "submit_stdlib", "client_floor")
+#: submission's time goes (an empty request, authentication alone, a lighter client), and
+#: the floors: each client against a server that only answers, the lighter one against
+#: uvicorn with a do-nothing app.
+HTTP_KINDS = ("receive", "submit", "healthz", "whoami", "submit_stdlib", "client_floor",
+              "stdlib_floor", "stack_floor")
 HTTP_ROWS = {f"http.sqlite.{kind}" for kind in HTTP_KINDS}
 PG_HTTP_ROWS = {f"http.postgres.{kind}" for kind in HTTP_KINDS}
 #: Where each kernel call's time goes, sampled by py-spy, on each backend.

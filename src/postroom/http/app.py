@@ -198,14 +198,19 @@ def build_app(store: Store, *, limits: Limits | None = None) -> Starlette:
         *dashboard.routes(store), metrics.route(store, registry=registry)])
 
 
+#: What ``serve`` tells uvicorn, beside the address, the log level and the shutdown grace.
+UVICORN_OPTIONS: dict[str, Any] = {"timeout_keep_alive": 5, "limit_concurrency": 512,
+                                   "h11_max_incomplete_event_size": 16 * 1024,
+                                   "access_log": False}
+
+
 def serve(store: Store, *, host: str = "127.0.0.1", port: int = 8000,
           limits: Limits | None = None, **uvicorn_options: Any) -> None:
     """Serve ``build_app(store)`` with uvicorn until SIGTERM or Ctrl-C."""
     import uvicorn
 
     limits = limits if limits is not None else Limits()
-    options: dict[str, Any] = {"timeout_keep_alive": 5, "limit_concurrency": 512,
-                               "h11_max_incomplete_event_size": 16 * 1024,
+    options: dict[str, Any] = {**UVICORN_OPTIONS,
                                "timeout_graceful_shutdown": int(limits.timeout),
-                               "log_level": "info", "access_log": False, **uvicorn_options}
+                               "log_level": "info", **uvicorn_options}
     uvicorn.run(build_app(store, limits=limits), host=host, port=port, **options)

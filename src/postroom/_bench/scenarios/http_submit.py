@@ -14,7 +14,13 @@ and ``GET /v1/me`` (that plus authenticating the token: one indexed read), and t
 ``POST /v1/tasks`` sent by the standard library's ``http.client`` (a client that costs far
 less per request than httpx, so the server's share shows). And the floor: the same httpx
 client posting the same body to a server that only answers 202 (``postroom._bench.answering``:
-no framework, no store), which is the least a submission through that client can cost here.
+no framework, no store), which is the least a submission through that client can cost here;
+the same floor for ``http.client``; and ``http.client`` against uvicorn, run as ``postroom
+serve`` runs it, with an ASGI app that only makes the one trip to a worker thread every API
+request makes before it answers 202 (``answering --asgi``): the floor of the server's stack
+without the framework, authentication or the store. A submission can reach half the rate of
+``receive`` only if everything but the store call costs no more than one ``receive``; these
+floors say how much of that the client and the server's stack take before postroom's code runs.
 """
 
 from __future__ import annotations
@@ -106,10 +112,10 @@ def _over_stdlib(port: int, token: str, sent: Numbers, tasks: int) -> Callable[[
 
 
 @contextmanager
-def _answering(port: int) -> Iterator[None]:
+def _answering(port: int, *options: str) -> Iterator[None]:
     """Run ``postroom._bench.answering`` on ``port`` until the block ends."""
-    process = subprocess.Popen([sys.executable, "-m", "postroom._bench.answering", str(port)],
-                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    process = subprocess.Popen([sys.executable, "-m", "postroom._bench.answering", str(port),
+                                *options], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
     try:
         assert process.stdout is not None
         if process.stdout.readline().strip() != answering.READY:
@@ -178,6 +184,14 @@ def run(ctx: Context) -> list[Measurement]:
         floor = _over_http(client, Numbers(), tasks)
         floor()
         floor_rounds = ctx.timed_rounds(floor)
+        stdlib_floor = _over_stdlib(floor_port, token, Numbers(), tasks)
+        stdlib_floor()
+        stdlib_floor_rounds = ctx.timed_rounds(stdlib_floor)
+    stack_port = _free_port()
+    with _answering(stack_port, "--asgi"):
+        stack_floor = _over_stdlib(stack_port, token, Numbers(), tasks)
+        stack_floor()
+        stack_floor_rounds = ctx.timed_rounds(stack_floor)
 
     details = {"tasks_per_round": tasks, "client": "httpx, one keep-alive connection",
                "server": "postroom serve, defaults"}
@@ -203,4 +217,16 @@ def run(ctx: Context) -> list[Measurement]:
                     rounds=floor_rounds,
                     details={**details, "server": "postroom._bench.answering (no framework, "
                                                   "no store)"}),
+        Measurement(id=f"http.{backend}.stdlib_floor", backend=backend, unit="requests/s",
+                    label="the same POST, sent with `http.client`, to that server",
+                    rounds=stdlib_floor_rounds,
+                    details={**details, "client": "http.client, one keep-alive connection",
+                             "server": "postroom._bench.answering (no framework, no store)"}),
+        Measurement(id=f"http.{backend}.stack_floor", backend=backend, unit="requests/s",
+                    label="the same POST, sent with `http.client`, to uvicorn as `postroom "
+                          "serve` runs it: one trip to a worker thread, then 202 (no "
+                          "framework, no token, no store)",
+                    rounds=stack_floor_rounds,
+                    details={**details, "client": "http.client, one keep-alive connection",
+                             "server": "postroom._bench.answering --asgi"}),
     ]
