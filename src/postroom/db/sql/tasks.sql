@@ -90,9 +90,10 @@ WHERE principal = :principal AND stream = :stream AND watermark < :watermark
 -- A task that a claim of queue :queue may pick at :now: pending, available (not held back
 -- by a retry's backoff or its not_before), its deadline still ahead. Claims take them in
 -- order of claim_at, its availability moved earlier by its priority, and among equals in
--- order of arrival, id (the partial index tasks_claimable serves that order, head first). A task available by :now has its claim_at
--- at most {claim_reach} seconds later (the lowest priority at the largest weight), so the
--- walk of the index ends there, however many tasks are held until later.
+-- order of arrival, id (the partial index tasks_claimable serves that order, head first).
+-- A task available by :now has its claim_at at most {claim_reach} seconds later (the lowest
+-- priority at the largest weight), so the walk of the index ends there, however many tasks
+-- are held until later.
 state = 'pending' AND queue = :queue AND claim_at <= :now + {claim_reach}
   AND available_at <= :now AND deadline > :now
 
