@@ -283,13 +283,14 @@ def claim(tx: Tx, settings: Settings, *, owner: str, queues: Sequence[str], limi
     ordered = [queue for queue, row in looks.items() if not row["paused"]]
     if len(ordered) > 1:
         # Several queues: one index probe per queue finds each head, and the earliest head
-        # goes first. (A single ORDER BY across queues would need a temporary sort.)
+        # goes first, of heads due at the same moment the one that arrived first (SPEC §1).
+        # (A single ORDER BY across queues would need a temporary sort.)
         heads = []
         for queue in ordered:
             row = tx.one("claim_head", queue=queue, now=now)
             if row is not None:
-                heads.append((float(row["claim_at"]), queue))
-        ordered = [queue for _, queue in sorted(heads)]
+                heads.append((float(row["claim_at"]), int(row["id"]), queue))
+        ordered = [queue for _, _, queue in sorted(heads)]
     claims: list[Claim] = []
     for queue in ordered:
         want = min(limit - len(claims), caps.get(queue, limit))

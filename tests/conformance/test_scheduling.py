@@ -90,6 +90,17 @@ def test_a_batch_claim_hands_back_tasks_due_at_the_same_moment_in_arrival_order(
         ack.task_id for ack in acks]
 
 
+def test_a_claim_of_several_queues_takes_the_task_that_arrived_first_when_heads_tie(
+        store, auth):
+    # Due at the same moment in two queues: the one received first goes first, whatever the
+    # queues' names or the order they are asked in.
+    first = store.receive(auth, envelope("first", queue="z")).task_id
+    second = store.receive(auth, envelope("second", queue="a")).task_id
+    assert store.task(first).available_at == store.task(second).available_at
+    assert [store.claim("w", queues=["a", "z"]).task_id,
+            store.claim("w", queues=["a", "z"]).task_id] == [first, second]
+
+
 def test_the_lowest_priority_is_not_starved_once_it_has_waited_long_enough(store, auth, clock):
     weight = store.settings.priority_weight
     store.receive(auth, envelope("patient", priority=-10))

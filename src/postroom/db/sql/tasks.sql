@@ -113,9 +113,9 @@ state = 'running' AND owner = :claim_owner AND fence = :fence
   AND deadline - :deadline = 0
 
 -- name: claim_head
--- When the next claimable task of one queue has its turn (for ordering several queues), and
--- when it became available.
-SELECT claim_at, available_at FROM tasks
+-- When the next claimable task of one queue has its turn and its place in arrival order (for
+-- ordering several queues), and when it became available.
+SELECT claim_at, id, available_at FROM tasks
 WHERE {claimable}
 ORDER BY claim_at, id
 LIMIT 1
