@@ -231,8 +231,10 @@ class Store:
     def claim_batch(self, owner: str, limit: int, *, queues: Sequence[str] | str = ("default",),
                     lease: float | None = None,
                     per_queue: Mapping[str, int] | None = None) -> list[Claim]:
-        """Claim up to ``limit`` tasks in one transaction; of a queue named in ``per_queue``,
-        at most that many (a worker's own cap on the queue, apart from any global limit)."""
+        """Claim up to ``limit`` tasks in one transaction, the first of ``queues`` in claim
+        order (priority, then availability, then arrival), handed back in that order; of a
+        queue named in ``per_queue``, at most that many (a worker's own cap on the queue,
+        apart from any global limit)."""
         check_text(owner, "owner", max_bytes=self._settings.limits.text_bytes)
         check_limit(limit)
         names = check_queues(queues, self._settings.limits)

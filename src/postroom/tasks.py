@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -262,7 +263,8 @@ def due(tx: Tx, queues: Sequence[str]) -> bool:
 
 def claim(tx: Tx, settings: Settings, *, owner: str, queues: Sequence[str], limit: int,
           lease: float, per_queue: Mapping[str, int] | None = None) -> list[Claim]:
-    """Sweep, then claim up to ``limit`` tasks from ``queues``, in order of ``claim_at``.
+    """Sweep, then claim up to ``limit`` tasks from ``queues``, the first in claim order
+    (``claim_at``, then arrival) of all of them, handed back in that order.
 
     A paused queue gives nothing; a queue with a limit gives no more than it has free slots,
     one for each task it hands out (a slot is free again once its task stops running); a
@@ -280,36 +282,43 @@ def claim(tx: Tx, settings: Settings, *, owner: str, queues: Sequence[str], limi
     seen = next(iter(looks.values()), None)
     sweep(tx, settings, SweepCounts(), leases=seen is None or bool(seen["leases"]),
           deadlines=seen is None or bool(seen["deadlines"]))
-    ordered = [queue for queue, row in looks.items() if not row["paused"]]
-    if len(ordered) > 1:
-        # Several queues: one index probe per queue finds each head, and the earliest head
-        # goes first, of heads due at the same moment the one that arrived first (SPEC §1).
-        # (A single ORDER BY across queues would need a temporary sort.)
-        heads = []
-        for queue in ordered:
-            row = tx.one("claim_head", queue=queue, now=now)
-            if row is not None:
-                heads.append((float(row["claim_at"]), int(row["id"]), queue))
-        ordered = [queue for _, _, queue in sorted(heads)]
-    claims: list[Claim] = []
-    for queue in ordered:
-        want = min(limit - len(claims), caps.get(queue, limit))
-        capped = looks[queue]["running_limit"] is not None
-        slots = free_slots(tx, queue, want) if capped else []
-        if capped and not slots:
+    # How many each queue may give: the claim's limit, the claimer's cap on the queue, and
+    # for a limited queue its free slots (locked for this claim).
+    allowed: dict[str, int] = {}
+    slots: dict[str, list[int]] = {}
+    for queue, row in looks.items():
+        want = min(limit, caps.get(queue, limit))
+        if row["paused"] or want <= 0:
             continue
-        rows = tx.all("claim_tasks", queue=queue, now=now, limit=len(slots) if capped else want,
-                      owner=owner, lease_until=now + lease)
-        # The statement hands its rows back in no promised order: put them in the queue's
-        # (claim_at, then arrival).
-        ordered_rows = sorted(rows, key=lambda row: (float(row["claim_at"]), int(row["id"])))
-        taken = [claim_from_row(row, owner) for row in ordered_rows]
-        for held, slot in zip(taken, slots, strict=False):
-            tx.change("queue_slot_take", queue=queue, slot=slot, task_id=held.task_id,
-                      fence=held.fence)
-        claims.extend(taken)
-        if len(claims) >= limit:
-            break
+        if row["running_limit"] is not None:
+            slots[queue] = free_slots(tx, queue, want)
+            want = len(slots[queue])
+        if want > 0:
+            allowed[queue] = want
+    if len(allowed) > 1:
+        # Several queues: the claim takes the first ``limit`` of their tasks in claim order
+        # (SPEC §1), so each queue's next tasks are read in that order (one walk of the head
+        # of its index) and merged to learn how many each gives.
+        heads = sorted((float(row["claim_at"]), int(row["id"]), queue)
+                       for queue, want in allowed.items()
+                       for row in tx.all("claim_order", queue=queue, now=now, limit=want))
+        taken = Counter(queue for _, _, queue in heads[:limit])
+        allowed = {queue: taken[queue] for queue in allowed if taken[queue]}
+    picked: list[tuple[float, int, Claim]] = []
+    for queue, want in allowed.items():
+        rows = tx.all("claim_tasks", queue=queue, now=now, limit=want, owner=owner,
+                      lease_until=now + lease)
+        held = [(float(row["claim_at"]), int(row["id"]), claim_from_row(row, owner))
+                for row in rows]
+        # The statement hands its rows back in no promised order: a limited queue's slots go
+        # to its tasks in the queue's order (claim_at, then arrival).
+        held.sort(key=lambda item: item[:2])
+        for (_, _, one), slot in zip(held, slots.get(queue, ()), strict=False):
+            tx.change("queue_slot_take", queue=queue, slot=slot, task_id=one.task_id,
+                      fence=one.fence)
+        picked.extend(held)
+    picked.sort(key=lambda item: item[:2])
+    claims = [one for _, _, one in picked]
     if _log.isEnabledFor(logging.DEBUG):
         for one in claims:
             tx.log(_log, logging.DEBUG, "task claimed", task_id=one.task_id, owner=owner,

@@ -17,6 +17,7 @@ HOT_QUERIES = {
     "claim_tasks": {"queue": "default", "now": START, "limit": 1, "owner": "w",
                     "lease_until": START + 30},
     "claim_head": {"queue": "default", "now": START},
+    "claim_order": {"queue": "default", "now": START, "limit": 50},
     "tasks_lease_expired": {"now": START, "limit": 100},
     "tasks_deadline_passed": {"now": START, "limit": 100},
     "claim_replies": {"now": START, "limit": 1, "owner": "d", "lease_until": START + 30,
@@ -30,6 +31,7 @@ HOT_QUERIES = {
 INDEX = {
     "claim_tasks": "tasks_claimable",
     "claim_head": "tasks_claimable",
+    "claim_order": "tasks_claimable",
     "tasks_lease_expired": "tasks_running_leases",
     "tasks_deadline_passed": "tasks_live_deadlines",
     "claim_replies": "replies_ready",
@@ -84,7 +86,7 @@ def test_hot_query_uses_an_index_not_a_scan_or_sort(populated, name):
     assert any(INDEX[name] in line for line in lines), "\n".join(lines)
 
 
-@pytest.mark.parametrize("name", ["claim_tasks", "claim_head"])
+@pytest.mark.parametrize("name", ["claim_tasks", "claim_head", "claim_order"])
 def test_a_claim_walks_the_claimable_index_no_further_than_its_reach(populated, name):
     # Tasks held until later sit in the index past now + the claim's reach: the range the
     # index is walked over ends before them, so a future backlog costs a claim nothing.

@@ -101,6 +101,19 @@ def test_a_claim_of_several_queues_takes_the_task_that_arrived_first_when_heads_
             store.claim("w", queues=["a", "z"]).task_id] == [first, second]
 
 
+def test_a_batch_claim_of_several_queues_takes_their_tasks_in_claim_order(store, auth, clock):
+    store.receive(auth, envelope("a-1", queue="a"))
+    clock.advance(1)
+    store.receive(auth, envelope("b-1", queue="b"))
+    clock.advance(1)
+    store.receive(auth, envelope("a-2", queue="a"))
+    store.receive(auth, envelope("b-2", queue="b"))
+    first = store.claim_batch("w", 3, queues=["a", "b"])
+    assert [claim.message_id for claim in first] == ["a-1", "b-1", "a-2"]
+    assert [claim.message_id for claim in store.claim_batch("w", 3, queues=["a", "b"])] == [
+        "b-2"]
+
+
 def test_the_lowest_priority_is_not_starved_once_it_has_waited_long_enough(store, auth, clock):
     weight = store.settings.priority_weight
     store.receive(auth, envelope("patient", priority=-10))

@@ -113,12 +113,19 @@ state = 'running' AND owner = :claim_owner AND fence = :fence
   AND deadline - :deadline = 0
 
 -- name: claim_head
--- When the next claimable task of one queue has its turn and its place in arrival order (for
--- ordering several queues), and when it became available.
-SELECT claim_at, id, available_at FROM tasks
+-- When the next claimable task of one queue has its turn, and when it became available.
+SELECT claim_at, available_at FROM tasks
 WHERE {claimable}
 ORDER BY claim_at, id
 LIMIT 1
+
+-- name: claim_order
+-- The next :limit claimable tasks of one queue in claim order, each with its place in arrival
+-- order: what a claim of several queues merges to learn how many to take from each.
+SELECT claim_at, id FROM tasks
+WHERE {claimable}
+ORDER BY claim_at, id
+LIMIT :limit
 
 -- name: claim_tasks
 -- Pick up to :limit claimable tasks of one queue, oldest first, and make them running.
