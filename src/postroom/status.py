@@ -196,7 +196,7 @@ def _queue_status(tx: Tx, queue: str, counts: Mapping[tuple[str, str], int],
                   paused: bool) -> QueueStatus:
     received = counts.get(("task", TaskState.PENDING.value), 0)
     # The head of the queue as a claim would take it (the same query, so the same rule).
-    head = tx.one("claim_head", queue=queue, now=tx.now) if received else None
+    head = tx.one("claim_order", queue=queue, now=tx.now, limit=1) if received else None
     parked = counts.get(("reply", "parked"), 0)
     deliveries = {state: counts.get(("reply", state.value), 0) for state in ReplyState}
     deliveries[ReplyState.PENDING] += parked

@@ -258,7 +258,8 @@ def due(tx: Tx, queues: Sequence[str]) -> bool:
     row = tx.one("tasks_due", queue=first, now=tx.now)
     if row is not None and row["due"]:
         return True
-    return any(tx.one("claim_head", queue=queue, now=tx.now) is not None for queue in others)
+    return any(tx.one("claim_order", queue=queue, now=tx.now, limit=1) is not None
+               for queue in others)
 
 
 def claim(tx: Tx, settings: Settings, *, owner: str, queues: Sequence[str], limit: int,
@@ -300,8 +301,8 @@ def claim(tx: Tx, settings: Settings, *, owner: str, queues: Sequence[str], limi
         # (SPEC §1), so each queue's next tasks are read in that order (one walk of the head
         # of its index) and merged to learn how many each gives.
         heads = sorted((float(row["claim_at"]), int(row["id"]), queue)
-                       for queue, want in allowed.items()
-                       for row in tx.all("claim_order", queue=queue, now=now, limit=want))
+                       for queue, most in allowed.items()
+                       for row in tx.all("claim_order", queue=queue, now=now, limit=most))
         taken = Counter(queue for _, _, queue in heads[:limit])
         allowed = {queue: taken[queue] for queue in allowed if taken[queue]}
     picked: list[tuple[float, int, Claim]] = []

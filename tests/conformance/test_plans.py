@@ -16,7 +16,6 @@ from tests.support import START, analyze, database_of, envelope
 HOT_QUERIES = {
     "claim_tasks": {"queue": "default", "now": START, "limit": 1, "owner": "w",
                     "lease_until": START + 30},
-    "claim_head": {"queue": "default", "now": START},
     "claim_order": {"queue": "default", "now": START, "limit": 50},
     "tasks_lease_expired": {"now": START, "limit": 100},
     "tasks_deadline_passed": {"now": START, "limit": 100},
@@ -30,7 +29,6 @@ HOT_QUERIES = {
 #: The partial index each hot query must walk: the one that holds only the rows it wants.
 INDEX = {
     "claim_tasks": "tasks_claimable",
-    "claim_head": "tasks_claimable",
     "claim_order": "tasks_claimable",
     "tasks_lease_expired": "tasks_running_leases",
     "tasks_deadline_passed": "tasks_live_deadlines",
@@ -86,7 +84,7 @@ def test_hot_query_uses_an_index_not_a_scan_or_sort(populated, name):
     assert any(INDEX[name] in line for line in lines), "\n".join(lines)
 
 
-@pytest.mark.parametrize("name", ["claim_tasks", "claim_head", "claim_order"])
+@pytest.mark.parametrize("name", ["claim_tasks", "claim_order"])
 def test_a_claim_walks_the_claimable_index_no_further_than_its_reach(populated, name):
     # Tasks held until later sit in the index past now + the claim's reach: the range the
     # index is walked over ends before them, so a future backlog costs a claim nothing.

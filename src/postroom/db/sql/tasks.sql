@@ -112,17 +112,12 @@ state = 'running' AND owner = :claim_owner AND fence = :fence
   -- answer from the deadline index: slow when many tasks share one deadline.
   AND deadline - :deadline = 0
 
--- name: claim_head
--- When the next claimable task of one queue has its turn, and when it became available.
-SELECT claim_at, available_at FROM tasks
-WHERE {claimable}
-ORDER BY claim_at, id
-LIMIT 1
-
 -- name: claim_order
--- The next :limit claimable tasks of one queue in claim order, each with its place in arrival
--- order: what a claim of several queues merges to learn how many to take from each.
-SELECT claim_at, id FROM tasks
+-- The next :limit claimable tasks of one queue in claim order: when each has its turn, its
+-- place in arrival order and when it became available. The head alone (:limit 1) says
+-- whether a queue has work and how long it has waited; a claim of several queues merges
+-- their next tasks to learn how many to take from each.
+SELECT claim_at, id, available_at FROM tasks
 WHERE {claimable}
 ORDER BY claim_at, id
 LIMIT :limit
