@@ -275,8 +275,10 @@ def bench(quick: bool, only: tuple[str, ...], folder: Path | None,  # noqa: PLR0
 @click.option("--timeout", "timeouts", multiple=True, metavar="QUEUE=SECONDS",
               help="QUEUE's execution timeout for a handler that sets none: past it the "
                    "handler is abandoned and its attempt fails as retryable (repeatable).")
-@click.option("--prefetch", type=click.IntRange(0, 1024), default=0, show_default=True,
-              help="Tasks claimed beyond the free slots (their leases are renewed too).")
+@click.option("--prefetch", type=click.IntRange(0, 1024), default=None, metavar="N",
+              help="Tasks claimed beyond the free slots (their leases are renewed too); "
+                   "default: as many as the concurrency while handlers end within 5 ms on "
+                   "average, else none.")
 @click.option("--lease", type=float, default=None, metavar="SECONDS",
               help="Each claim's lease (default: the store's, 30).")
 @click.option("--grace", type=float, default=30.0, show_default=True, metavar="SECONDS",
@@ -290,12 +292,13 @@ def bench(quick: bool, only: tuple[str, ...], folder: Path | None,  # noqa: PLR0
 @click.option("--owner", default=None, metavar="NAME",
               help="The owner its claims are held under (default: host:pid:random).")
 def worker(url: str, *, imports: tuple[str, ...], queues: tuple[str, ...],
-           concurrencies: tuple[str, ...], timeouts: tuple[str, ...], prefetch: int,
+           concurrencies: tuple[str, ...], timeouts: tuple[str, ...], prefetch: int | None,
            lease: float | None, grace: float, poll: float, no_duties: bool,
            owner: str | None) -> None:
     """Run the handlers of --import's App on the store at URL until SIGTERM or SIGINT.
 
-    Claims as many tasks as it has free slots in one transaction, wakes on new work,
+    Claims as many tasks as it has free slots in one transaction (and, while handlers are
+    quick, as many again), wakes on new work,
     renews all of its leases together and group-commits its handlers' outcomes. The first
     SIGTERM or SIGINT stops claiming, gives running handlers --grace seconds and releases
     the rest (never marking unfinished work done), then exits 143 (130); a second one

@@ -12,7 +12,7 @@ import pytest
 import postroom
 from postroom import TaskState
 from postroom.runtime import App, Context, PermanentFailure
-from postroom.runtime.worker import Worker, WorkerSettings
+from postroom.runtime.worker import QUICK_HANDLER, Worker, WorkerSettings
 from tests.runtime.support import FAST, PATIENCE, eventually, far, running, send, state
 
 RETRY_AT_ONCE = postroom.Settings(backoff=postroom.FixedBackoff(seconds=0.0))
@@ -201,6 +201,66 @@ def test_plain_functions_run_at_once_on_at_most_concurrency_threads_reused_task_
     assert now["most"] == 4
     assert len(threads) == 4
     eventually(lambda: not any(thread.is_alive() for thread in threads))  # ended with it
+
+
+def _processing(store: postroom.Store) -> int:
+    return store.status().queues["default"].processing
+
+
+def _claimed_at_once(store: postroom.Store, *, takes: float) -> int:
+    """How many tasks a worker of concurrency 2 holds at once once its handlers have each
+    taken ``takes`` seconds (on the worker's clock): the tasks wait in a paused queue, so
+    the worker takes them with one claim when it is resumed."""
+    clock = postroom.ManualClock()
+    release = threading.Event()
+    app = App()
+
+    @app.handler("default")
+    def timed(payload: dict[str, object], ctx: Context) -> None:
+        if payload.get("hold"):
+            release.wait(PATIENCE)
+        else:
+            clock.advance(takes)
+
+    for n in range(4):
+        send(store, f"first-{n}")
+    with running(store, app, dataclasses.replace(FAST, concurrency=2), clock=clock) as worker:
+        eventually(lambda: worker.stats.done == 4)
+        store.pause_queue("default", operator="test", reason="to be claimed at once")
+        for n in range(8):
+            send(store, f"held-{n}", {"hold": True})
+        store.resume_queue("default")
+        eventually(lambda: _processing(store) > 0 and worker.stats.claimed > 4)
+        held = _processing(store)
+        release.set()
+        eventually(lambda: worker.stats.done == 12)
+    return held
+
+
+def test_while_its_handlers_are_quick_a_worker_claims_its_concurrency_again_beyond_free_slots(
+        store):
+    assert _claimed_at_once(store, takes=0.0) == 4
+
+
+def test_after_slow_handlers_a_worker_claims_only_for_its_free_slots(store):
+    assert _claimed_at_once(store, takes=2 * QUICK_HANDLER) == 2
+
+
+def test_a_worker_given_a_prefetch_claims_that_many_beyond_free_slots_whatever_its_pace(
+        store):
+    release = threading.Event()
+    app = App()
+    app.add_handler("default", lambda payload, ctx: release.wait(PATIENCE))
+    store.pause_queue("default", operator="test", reason="to be claimed at once")
+    for n in range(8):
+        send(store, f"m-{n}")
+    settings = dataclasses.replace(FAST, concurrency=2, prefetch=3)
+    with running(store, app, settings) as worker:
+        store.resume_queue("default")
+        eventually(lambda: _processing(store) > 0)
+        assert _processing(store) == 5
+        release.set()
+        eventually(lambda: worker.stats.done == 8)
 
 
 def test_a_long_handlers_lease_is_renewed_so_nobody_takes_it_over(store):

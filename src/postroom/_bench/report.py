@@ -186,7 +186,7 @@ def render(report: dict[str, Any]) -> str:
 _RUNTIME = (
     "The `runtime.*` figures are made by real `postroom worker` (and `postroom dispatch "
     "--receiver`) processes with their default settings (`WorkerSettings()`: concurrency 16, "
-    "prefetch 0, settle_batch 500, linger 2 ms, poll 1 s, duties on), running "
+    "prefetch automatic, settle_batch 500, linger 2 ms, poll 1 s, duties on), running "
     "`postroom._bench.handlers`. A round receives its tasks one at a time into a paused queue "
     "(not timed), resumes it with every process ready and idle, and lasts from the first "
     "claim to the last task done (or reply delivered), read from the tasks' attempt history "

@@ -4,7 +4,8 @@ One worker is one owner of claims, with ``concurrency`` slots (and, per queue, a
 ``queue_concurrency[queue]`` of them)::
 
     claimer  -- claims as many tasks as it has free slots, in one transaction (of a capped
-                queue, no more than its cap leaves free); when none is
+                queue, no more than its cap leaves free), and while its handlers are quick
+                as many again (the prefetch, started as slots free up); when none is
                 claimable it waits for a wake-up (LISTEN/NOTIFY on PostgreSQL, the watcher on
                 SQLite) and polls only as the fallback;
     handlers -- plain functions run on a pool of ``concurrency`` threads, coroutine functions
@@ -66,12 +67,19 @@ from postroom.settings import check_lease
 from postroom.store import Store
 from postroom.validation import check_int, check_text
 
-__all__ = ["Worker", "WorkerSettings", "WorkerStats", "default_owner"]
+__all__ = ["QUICK_HANDLER", "Worker", "WorkerSettings", "WorkerStats", "default_owner"]
 
 _log = log.get("worker")
 
 #: How much of a failure's text is kept as the task's error (the store takes up to 4 KiB).
 _REASON_CHARS = 1000
+#: Seconds: while its handlers' run time averages under this, a worker with the default
+#: prefetch claims up to ``concurrency`` tasks beyond its free slots. A prefetched task then
+#: waits for about one such handler, and the commits that hand out work are twice as full.
+QUICK_HANDLER = 0.005
+#: The weight of the latest handler's run time in that average (one slow handler turns the
+#: prefetch off at once; some thirty quick ones turn it on again).
+_RUN_TIME_WEIGHT = 0.1
 
 
 def default_owner() -> str:
@@ -91,9 +99,11 @@ class WorkerSettings:
     queues: tuple[str, ...] | None = None
     #: How many handlers run at once (threads for plain functions, tasks for coroutines).
     concurrency: int = 16
-    #: How many tasks to claim beyond the free slots, to start the next ones without a
-    #: round trip (their leases are renewed like the running ones').
-    prefetch: int = 0
+    #: How many tasks to claim beyond the free slots, to start the next ones without waiting
+    #: for a commit (their leases are renewed like the running ones'). ``None``: as many as
+    #: ``concurrency`` while the handlers end quickly (their recent run time averages under
+    #: ``QUICK_HANDLER`` seconds), none otherwise, so no task waits behind a slow handler.
+    prefetch: int | None = None
     #: The lease of each claim, in seconds (``None``: the store's).
     lease: float | None = None
     #: Seconds between lease renewals (``None``: a third of the lease).
@@ -122,7 +132,8 @@ class WorkerSettings:
                 isinstance(name, str) for name in self.queues)):
             raise InvalidInput("queues", "must be a tuple of queue names")
         check_int(self.concurrency, "concurrency", low=1, high=1024)
-        check_int(self.prefetch, "prefetch", low=0, high=1024)
+        if self.prefetch is not None:
+            check_int(self.prefetch, "prefetch", low=0, high=1024)
         check_int(self.settle_batch, "settle_batch", low=1, high=10_000)
         if self.lease is not None:
             check_lease(self.lease)
@@ -253,7 +264,8 @@ class Worker:
 
     def __init__(self, store: Store, app: App, settings: WorkerSettings | None = None,
                  *, duties: Sequence[Duty] | None = None, clock: Clock | None = None) -> None:
-        """``clock`` measures execution timeouts (default: the monotonic clock)."""
+        """``clock`` measures execution timeouts and handlers' run time (default: the
+        monotonic clock)."""
         self._store = store
         self._app = app
         self._settings = settings = settings if settings is not None else WorkerSettings()
@@ -293,6 +305,7 @@ class Worker:
         self._running_of: Counter[str] = Counter()  # ``_running``, by queue
         self._reserved_of: Counter[str] = Counter()  # ``_reserved``, by capped queue
         self._unsettled = 0  # outcomes handed to the settler and not committed yet
+        self._run_time: float | None = None  # the handlers' recent run time (an average)
         self._stopping = threading.Event()
         self._outcomes: queue.SimpleQueue[tuple[_Held, Settlement] | None] = queue.SimpleQueue()
         self._pool = _Threads(settings.concurrency, "postroom-handler")
@@ -406,7 +419,7 @@ class Worker:
             return _Reserved(0, {})
         settings = self._settings
         slots = self._free_slots()
-        room = (2 * settings.concurrency + settings.prefetch - len(self._held) + settling
+        room = (2 * settings.concurrency + self._prefetch() - len(self._held) + settling
                 - self._reserved)
         free = max(0, min(slots, room))
         caps = {queue: max(0, min(free, cap - self._running_of[queue]
@@ -455,8 +468,17 @@ class Worker:
 
     def _free_slots(self) -> int:
         """Handlers that may start beside those running and reserved (under the lock)."""
+        return (self._settings.concurrency + self._prefetch() - self._running
+                - self._reserved)
+
+    def _prefetch(self) -> int:
+        """The tasks to claim beyond the free slots now (under the lock): the setting's, or
+        by default ``concurrency`` while the handlers are quick (see ``WorkerSettings``)."""
         settings = self._settings
-        return settings.concurrency + settings.prefetch - self._running - self._reserved
+        if settings.prefetch is not None:
+            return settings.prefetch
+        quick = self._run_time is not None and self._run_time < QUICK_HANDLER
+        return settings.concurrency if quick else 0
 
     def _begin(self, held: _Held) -> None:
         spec = self._app.handler_for(held.claim.queue)
@@ -473,20 +495,20 @@ class Worker:
         if held.cancellation.is_set():  # fenced or released before it could start
             self._ended_one(held, None)
             return
-        self._started(held)
+        began = self._started(held)
         ctx = Context(held.claim, held.cancellation)
         try:
             outcome = _outcome(held.claim, ctx, lambda: spec.function(held.claim.payload, ctx))
         except BaseException:  # pragma: no cover - _outcome catches every Exception
             outcome = None
-        self._ended_one(held, outcome)
+        self._ended_one(held, outcome, ran=self._clock.now() - began)
 
     async def _run_async(self, spec: HandlerSpec, held: _Held) -> None:
         held.task = asyncio.current_task()
         if held.cancellation.is_set():
             self._ended_one(held, None)
             return
-        self._started(held)
+        began = self._started(held)
         ctx = Context(held.claim, held.cancellation)
         try:
             result = await spec.function(held.claim.payload, ctx)
@@ -495,17 +517,25 @@ class Worker:
             outcome = None  # cancelled because its claim is no longer current
         except BaseException as exc:  # every failure is an outcome
             outcome = _outcome(held.claim, ctx, _raiser(exc))
-        self._ended_one(held, outcome)
+        self._ended_one(held, outcome, ran=self._clock.now() - began)
 
-    def _started(self, held: _Held) -> None:
-        """Its handler begins: its execution timeout counts from now."""
+    def _started(self, held: _Held) -> float:
+        """Its handler begins now (returned): its execution timeout counts from now."""
+        now = self._clock.now()
         if held.claim.queue in self._timeouts:
             with self._lock:
-                held.started = self._clock.now()
+                held.started = now
                 self._lock.notify_all()
+        return now
 
-    def _ended_one(self, held: _Held, outcome: Settlement | None) -> None:
+    def _ended_one(self, held: _Held, outcome: Settlement | None, *,
+                   ran: float | None = None) -> None:
+        """Its handler ended (after ``ran`` seconds, if it started) with ``outcome``."""
         with self._lock:
+            if ran is not None:
+                average = self._run_time
+                self._run_time = (ran if average is None
+                                  else average + (ran - average) * _RUN_TIME_WEIGHT)
             held.running = False
             self._running -= 1
             self._running_of[held.claim.queue] -= 1

@@ -1,7 +1,7 @@
 """Through the runtime: ``postroom worker`` and ``postroom dispatch`` processes at work.
 
 Every figure here is made by the real commands, each a child process with its default
-settings (``WorkerSettings()``: concurrency 16, prefetch 0, settle_batch 500, linger 2 ms,
+settings (``WorkerSettings()``: concurrency 16, prefetch automatic, settle_batch 500, linger 2 ms,
 poll 1 s, duties on; ``DispatcherSettings()`` likewise), running the handlers of
 ``postroom._bench.handlers``. The bench only enqueues, pauses and resumes, and reads the
 database; the processes are started once per figure and told to stop with SIGTERM.
