@@ -246,6 +246,56 @@ def test_after_slow_handlers_a_worker_claims_only_for_its_free_slots(store):
     assert _claimed_at_once(store, takes=2 * QUICK_HANDLER) == 2
 
 
+def test_prefetched_coroutines_wait_for_a_slot_so_no_more_than_concurrency_run_at_once(store):
+    # The worker's clock never moves, so every handler counts as quick and the worker
+    # prefetches; the prefetched coroutines must still wait for one of the slots.
+    now = {"running": 0, "most": 0}
+    app = App()
+
+    @app.handler("default")
+    async def briefly(payload: dict[str, object], ctx: Context) -> None:
+        now["running"] += 1  # on the worker's one event loop: no lock needed
+        now["most"] = max(now["most"], now["running"])
+        await asyncio.sleep(0.002)
+        now["running"] -= 1
+
+    for n in range(100):
+        send(store, f"m-{n}")
+    settings = dataclasses.replace(FAST, concurrency=2)
+    with running(store, app, settings, clock=postroom.ManualClock()) as worker:
+        eventually(lambda: worker.stats.done == 100)
+    assert now["most"] == 2
+
+
+def test_a_prefetched_coroutine_whose_task_is_cancelled_while_it_waits_never_runs(store):
+    release = threading.Event()
+    ran: list[str] = []
+    app = App()
+
+    @app.handler("default")
+    async def held(payload: dict[str, object], ctx: Context) -> None:
+        ran.append(ctx.message_id)
+        while payload.get("hold") and not release.is_set():
+            await asyncio.sleep(0.005)
+
+    send(store, "first")
+    settings = dataclasses.replace(FAST, concurrency=1, renew_every=0.05)
+    with running(store, app, settings, clock=postroom.ManualClock()) as worker:
+        eventually(lambda: worker.stats.done == 1)  # quick: the worker prefetches now
+        store.pause_queue("default", operator="test", reason="to be claimed at once")
+        send(store, "running", {"hold": True})
+        waiting = send(store, "waiting", {"hold": True})
+        store.resume_queue("default")
+        eventually(lambda: _processing(store) == 2)
+        store.cancel(waiting)
+        eventually(lambda: worker.stats.abandoned == 1)
+        release.set()
+        send(store, "after")  # its slot came back: the worker goes on
+        eventually(lambda: worker.stats.done == 3)
+    assert ran == ["first", "running", "after"]
+    assert store.task(waiting).state == TaskState.CANCELLED
+
+
 def test_a_worker_given_a_prefetch_claims_that_many_beyond_free_slots_whatever_its_pace(
         store):
     release = threading.Event()

@@ -309,6 +309,7 @@ class Worker:
         self._stopping = threading.Event()
         self._outcomes: queue.SimpleQueue[tuple[_Held, Settlement] | None] = queue.SimpleQueue()
         self._pool = _Threads(settings.concurrency, "postroom-handler")
+        self._coroutine_slots = asyncio.Semaphore(settings.concurrency)  # used on the loop
         self._loop: asyncio.AbstractEventLoop | None = None
         self._threads: list[threading.Thread] = []
         self._duties = Duties(duties if duties is not None else (
@@ -505,19 +506,29 @@ class Worker:
 
     async def _run_async(self, spec: HandlerSpec, held: _Held) -> None:
         held.task = asyncio.current_task()
-        if held.cancellation.is_set():
-            self._ended_one(held, None)
-            return
-        began = self._started(held)
-        ctx = Context(held.claim, held.cancellation)
         try:
-            result = await spec.function(held.claim.payload, ctx)
-            outcome: Settlement | None = _outcome(held.claim, ctx, lambda: result)
+            # The threads bound the plain functions; this bounds the coroutines: a
+            # prefetched one waits here for one of the ``concurrency`` slots.
+            await self._coroutine_slots.acquire()
         except asyncio.CancelledError:
-            outcome = None  # cancelled because its claim is no longer current
-        except BaseException as exc:  # every failure is an outcome
-            outcome = _outcome(held.claim, ctx, _raiser(exc))
-        self._ended_one(held, outcome, ran=self._clock.now() - began)
+            self._ended_one(held, None)  # its claim ended before it could start
+            return
+        try:
+            if held.cancellation.is_set():
+                self._ended_one(held, None)
+                return
+            began = self._started(held)
+            ctx = Context(held.claim, held.cancellation)
+            try:
+                result = await spec.function(held.claim.payload, ctx)
+                outcome: Settlement | None = _outcome(held.claim, ctx, lambda: result)
+            except asyncio.CancelledError:
+                outcome = None  # cancelled because its claim is no longer current
+            except BaseException as exc:  # every failure is an outcome
+                outcome = _outcome(held.claim, ctx, _raiser(exc))
+            self._ended_one(held, outcome, ran=self._clock.now() - began)
+        finally:
+            self._coroutine_slots.release()
 
     def _started(self, held: _Held) -> float:
         """Its handler begins now (returned): its execution timeout counts from now."""
