@@ -155,9 +155,10 @@ def test_a_coroutine_handler_runs_on_the_event_loop(store):
     assert [store.task(task_id).result for task_id in ids] == list(range(20))
 
 
-def test_no_more_handlers_run_at_once_than_the_workers_concurrency(store):
-    # A slot is taken back from the claims in flight and given to the running handlers at
-    # once: a claim made meanwhile (the settler's and the claimer's race) never sees it free.
+def _most_coroutines_at_once(store: postroom.Store, tasks: int, *, concurrency: int,
+                             lasting: float, clock: postroom.Clock | None = None) -> int:
+    """The most coroutine handlers (each awaiting ``lasting`` seconds) that ran at once while
+    a worker of ``concurrency`` did ``tasks`` tasks."""
     now = {"running": 0, "most": 0}
     app = App()
 
@@ -165,14 +166,21 @@ def test_no_more_handlers_run_at_once_than_the_workers_concurrency(store):
     async def briefly(payload: dict[str, object], ctx: Context) -> None:
         now["running"] += 1  # on the worker's one event loop: no lock needed
         now["most"] = max(now["most"], now["running"])
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(lasting)
         now["running"] -= 1
 
-    for n in range(300):
+    for n in range(tasks):
         send(store, f"m-{n}")
-    with running(store, app, dataclasses.replace(FAST, concurrency=4)) as worker:
-        eventually(lambda: worker.stats.done == 300)
-    assert 1 < now["most"] <= 4
+    settings = dataclasses.replace(FAST, concurrency=concurrency)
+    with running(store, app, settings, clock=clock) as worker:
+        eventually(lambda: worker.stats.done == tasks)
+    return now["most"]
+
+
+def test_no_more_handlers_run_at_once_than_the_workers_concurrency(store):
+    # A slot is taken back from the claims in flight and given to the running handlers at
+    # once: a claim made meanwhile (the settler's and the claimer's race) never sees it free.
+    assert 1 < _most_coroutines_at_once(store, 300, concurrency=4, lasting=0.01) <= 4
 
 
 def test_plain_functions_run_at_once_on_at_most_concurrency_threads_reused_task_after_task(
@@ -249,22 +257,8 @@ def test_after_slow_handlers_a_worker_claims_only_for_its_free_slots(store):
 def test_prefetched_coroutines_wait_for_a_slot_so_no_more_than_concurrency_run_at_once(store):
     # The worker's clock never moves, so every handler counts as quick and the worker
     # prefetches; the prefetched coroutines must still wait for one of the slots.
-    now = {"running": 0, "most": 0}
-    app = App()
-
-    @app.handler("default")
-    async def briefly(payload: dict[str, object], ctx: Context) -> None:
-        now["running"] += 1  # on the worker's one event loop: no lock needed
-        now["most"] = max(now["most"], now["running"])
-        await asyncio.sleep(0.002)
-        now["running"] -= 1
-
-    for n in range(100):
-        send(store, f"m-{n}")
-    settings = dataclasses.replace(FAST, concurrency=2)
-    with running(store, app, settings, clock=postroom.ManualClock()) as worker:
-        eventually(lambda: worker.stats.done == 100)
-    assert now["most"] == 2
+    assert _most_coroutines_at_once(store, 100, concurrency=2, lasting=0.002,
+                                    clock=postroom.ManualClock()) == 2
 
 
 def test_a_prefetched_coroutine_whose_task_is_cancelled_while_it_waits_never_runs(store):
