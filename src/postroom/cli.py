@@ -26,8 +26,8 @@ BENCH_SCENARIOS = ("claim", "receive", "single", "batched", "commit-cost", "sign
                    "pg-claim-backlog", "pg-e2e", "pg-latency", "worker", "delivered",
                    "worker-latency", "concurrency",
                    "scheduled", "rss", "pg-workers", "pg-worker-latency", "pg-rss", "steps",
-                   "pg-steps", "peers", "pg-peers", "http-submit", "pg-http-submit", "profiles",
-                   "pg-profiles")
+                   "pg-steps", "peers", "pg-peers", "http-submit", "pg-http-submit",
+                   "remote-worker", "pg-remote-worker", "profiles", "pg-profiles")
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 

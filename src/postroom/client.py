@@ -24,11 +24,15 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import logging
+import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 from urllib.parse import quote
@@ -36,7 +40,17 @@ from urllib.parse import quote
 import httpx
 
 from postroom.errors import Conflict, Fenced, InvalidInput, NotFound, PostroomError, Unauthorized
-from postroom.models import Ack, Claim, Failed, Finished, Released
+from postroom.models import (
+    Ack,
+    Claim,
+    Failed,
+    Finished,
+    OpenResult,
+    Released,
+    Settled,
+    TaskState,
+    WaitOpening,
+)
 from postroom.runtime.handlers import App, Context, PermanentFailure
 
 __all__ = ["AsyncClient", "Client", "RemoteWorker", "ServiceError"]
@@ -63,9 +77,13 @@ def _error(response: httpx.Response, path: str) -> PostroomError:
         problem = {"detail": response.text[:200]}
     if not isinstance(problem, dict):
         problem = {"detail": str(problem)[:200]}
+    return _problem_error(response.status_code, problem, path)
+
+
+def _problem_error(status: int, problem: dict[str, Any], path: str) -> PostroomError:
+    """The postroom error a problem document of ``status`` stands for."""
     detail = str(problem.get("detail", ""))
     kind = str(problem.get("type", "")).rsplit("/", 1)[-1]
-    status = response.status_code
     error: PostroomError
     if status == 400:
         error = InvalidInput(str(problem.get("field", "body")), detail)
@@ -132,6 +150,28 @@ def _outcome_body(outcome: Finished | Failed | Released) -> dict[str, Any]:
 _VERBS = {Finished: "finish", Failed: "fail", Released: "release"}
 
 
+def _settlement(outcomes: Sequence[Finished | Failed | Released]) -> dict[str, Any]:
+    return {"outcomes": [{"task_id": outcome.claim.task_id, "outcome": _VERBS[type(outcome)],
+                          **_outcome_body(outcome)} for outcome in outcomes]}
+
+
+def _settled(answer: Any) -> list[Settled]:
+    """A settlement's answer, one ``Settled`` per outcome as ``Store.settle`` returns."""
+    found: list[Settled] = []
+    for item in answer["settled"]:
+        task_id = item["task_id"]
+        if "problem" in item:
+            problem = item["problem"]
+            found.append(Settled(task_id=task_id, error=_problem_error(
+                int(problem.get("status", 500)), problem, _task(task_id))))
+        else:
+            found.append(Settled(task_id=task_id, state=TaskState(item["state"]),
+                                 openings=tuple(WaitOpening(**{
+                                     **opening, "result": OpenResult(opening["result"])})
+                                     for opening in item.get("waits", ()))))
+    return found
+
+
 class _Api:
     """Every operation of the API, described once. Each method returns what the service
     answers (on ``AsyncClient``, a coroutine of it)."""
@@ -196,6 +236,24 @@ class _Api:
         verb = _VERBS[type(outcome)]
         return self._send(_Op("POST", _task(outcome.claim.task_id, f"/{verb}"),
                               _outcome_body(outcome)))
+
+    def settle_many(self, outcomes: Sequence[Finished | Failed | Released]) -> Any:
+        """Commit many handlers' outcomes with one request and one transaction: a list of
+        ``Settled``, in order, each committed (``state``) or refused on its own (``error``:
+        ``Fenced`` for a lost lease, ...). An outcome that committed before (a retry after
+        a lost answer) is answered with its state again."""
+        return self._send(_Op("POST", "/v1/settlements", _settlement(outcomes),
+                              read=_settled))
+
+    def settle_and_claim(self, outcomes: Sequence[Finished | Failed | Released], limit: int,
+                         *, queues: Sequence[str] | None = None,
+                         lease: float | None = None) -> Any:
+        """``settle_many``, and claim up to ``limit`` tasks in the same transaction (without
+        waiting): ``(settled, claims)``."""
+        body = {**_settlement(outcomes), "claim": _given(
+            queues=None if queues is None else list(queues), limit=limit, lease=lease)}
+        return self._send(_Op("POST", "/v1/settlements", body,
+                              read=lambda answer: (_settled(answer), _claims(answer))))
 
     def finish(self, claim: Claim, result: Any = None) -> Any:
         """Finish a claim with ``result``."""
@@ -422,64 +480,240 @@ class AsyncClient(_Api):
         await self.aclose()
 
 
+#: The most tasks the service hands out, or takes outcomes of, in one request.
+_MOST_PER_REQUEST = 100
+
+#: A handler's outcome, with the claim and context it ran under.
+_Done = tuple[Claim, Context, Finished | Failed | Released]
+
+
 class RemoteWorker:
     """Runs ``app``'s handlers for the tasks a worker principal claims over HTTP.
 
-    Each claimed task runs as the local worker runs it (``Context``, sync or ``async def``
-    handlers, ``PermanentFailure``) while a timer renews its lease every third of it; the
-    outcome is sent back naming only the task and the fence. A lost lease (``Fenced``)
-    abandons the work: whatever it would commit is refused anyway. ``run`` claims until
+    Up to ``concurrency`` handlers run at once, each on a thread of its own (an ``async
+    def`` one on an event loop of that thread), as the local worker runs them (``Context``,
+    ``PermanentFailure``). One thread renews every held lease each third of it, and one
+    commits the outcomes as they come, all those waiting with one request
+    (``settle_many``), naming only each task and fence; a slot is free again once its
+    outcome is committed. A lost lease (``Fenced``) abandons the work: whatever it would
+    commit is refused anyway. A finish the service refuses (a result that is not JSON, a
+    follow-up that collides, a wait that cannot open) fails the attempt instead, as the
+    local worker does. A request that fails is sent again (outcomes name their claims, so
+    a resend is a replay); one the service refuses as a whole (a revoked token) stops the
+    worker and is raised by ``run`` or ``run_once``.
+
+    ``run`` claims, up to ``batch`` tasks a request and as many as it has free slots, until
     ``stop()``; ``run_once`` claims and works one round (for tests and scripts).
     """
 
     def __init__(self, client: Client, app: App, *, queues: Sequence[str] | None = None,
-                 batch: int = 1, lease: float = 30.0, poll: float = 5.0) -> None:
+                 concurrency: int = 16, batch: int | None = None, lease: float = 30.0,
+                 poll: float = 5.0) -> None:
+        if not 1 <= concurrency <= 1024:
+            raise InvalidInput("concurrency", "must be 1 .. 1024")
+        batch = min(concurrency, _MOST_PER_REQUEST) if batch is None else batch
+        if not 1 <= batch <= _MOST_PER_REQUEST:
+            raise InvalidInput("batch", f"must be 1 .. {_MOST_PER_REQUEST}")
         self.client = client
         self.app = app
         self.queues = list(queues) if queues is not None else list(app.queues)
+        self.concurrency = concurrency
         self.batch = batch
         self.lease = lease
         self.poll = poll
-        self._stopping = threading.Event()
         self.settled: dict[str, int] = {"finish": 0, "fail": 0, "release": 0, "fenced": 0}
+        self._stopping = threading.Event()
+        self._slots = threading.Semaphore(concurrency)
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # a held task was settled
+        self._held: dict[str, tuple[Claim, Context]] = {}
+        self._refused: PostroomError | None = None
 
     def stop(self) -> None:
-        """Stop claiming; the tasks in hand still finish."""
+        """Stop claiming; the tasks in hand still finish and are settled."""
         self._stopping.set()
 
     def run(self) -> None:
-        """Claim and work until ``stop()``."""
-        while not self._stopping.is_set():
-            self.run_once(wait=self.poll)
+        """Claim and work until ``stop()``; returns once the tasks in hand are settled."""
+        with self._working(gathered=False) as work:
+            while not self._stopping.is_set():
+                free = self._free_slots()
+                claims = self._claim(free, wait=self.poll) if free else []
+                for _ in range(free - len(claims)):
+                    self._slots.release()
+                for claim in claims:
+                    work(claim)
 
     def run_once(self, *, wait: float = 0.0) -> int:
-        """Claim up to ``batch`` tasks (waiting up to ``wait`` seconds) and work them; how
-        many were claimed."""
-        claims = self.client.claim(queues=self.queues, limit=self.batch, lease=self.lease,
-                                   wait=wait)
-        for claim in claims:
-            self._work(claim)
+        """Claim up to ``batch`` tasks (waiting up to ``wait`` seconds), work them, at most
+        ``concurrency`` at once, and commit their outcomes with one request; how many were
+        claimed."""
+        with self._working(gathered=True) as work:
+            claims = self.client.claim(queues=self.queues, limit=self.batch,
+                                       lease=self.lease, wait=wait)
+            for claim in claims:
+                work(claim)
         return len(claims)
 
-    def _work(self, claim: Claim) -> None:
-        context = Context(claim)
-        done = threading.Event()
-        renewer = threading.Thread(target=self._renew, args=(claim, context, done),
-                                   daemon=True)
-        renewer.start()
+    @contextmanager
+    def _working(self, *, gathered: bool) -> Iterator[Callable[[Claim], None]]:
+        """A way to start handlers for claims, with a thread that renews their leases; on
+        leaving, every started handler has returned and its outcome is settled (or given
+        up). Outcomes are settled as they come, each batch claiming the next tasks for the
+        slots it frees with the same request (``run``), or ``gathered`` and settled
+        together at the end (``run_once``)."""
+        outcomes: queue.SimpleQueue[_Done | None] = queue.SimpleQueue()
+        ended, closing = threading.Event(), threading.Event()
+        handlers = ThreadPoolExecutor(self.concurrency, thread_name_prefix="postroom-remote")
+
+        def work(claim: Claim) -> None:
+            context = Context(claim)
+            with self._lock:
+                self._held[claim.task_id] = (claim, context)
+            handlers.submit(lambda: outcomes.put((claim, context, self._run(claim, context))))
+
+        renewer = threading.Thread(target=self._renew_loop, args=(ended,), daemon=True,
+                                   name="postroom-remote-renewer")
+        settler = None if gathered else threading.Thread(
+            target=self._settle_loop, args=(outcomes, work, closing), daemon=True,
+            name="postroom-remote-settler")
+        for helper in (renewer, settler):
+            if helper is not None:
+                helper.start()
         try:
-            outcome = self._run(claim, context)
+            yield work
         finally:
-            done.set()
+            closing.set()  # the settler claims no more
+            if settler is None:
+                handlers.shutdown(wait=True)
+                outcomes.put(None)
+                self._settle_loop(outcomes, None, closing)
+            else:
+                with self._changed:
+                    self._changed.wait_for(lambda: not self._held)
+                outcomes.put(None)
+                settler.join()
+                handlers.shutdown(wait=True)
+            ended.set()
             renewer.join()
-        if context.cancelled:
-            self.settled["fenced"] += 1
-            return
+        if self._refused is not None:
+            refused, self._refused = self._refused, None
+            raise refused
+
+    def _free_slots(self) -> int:
+        """Wait up to ``poll`` seconds for a free slot, then take every free one, up to
+        ``batch``; how many were taken."""
+        if not self._slots.acquire(timeout=self.poll):
+            return 0
+        taken = 1
+        while taken < self.batch and self._slots.acquire(blocking=False):
+            taken += 1
+        return taken
+
+    def _claim(self, limit: int, *, wait: float) -> list[Claim]:
         try:
-            self.client.settle(outcome)
-            self.settled[_VERBS[type(outcome)]] += 1
-        except Fenced:
-            self.settled["fenced"] += 1
+            claims: list[Claim] = self.client.claim(queues=self.queues, limit=limit,
+                                                    lease=self.lease, wait=wait)
+            return claims
+        except (httpx.HTTPError, ServiceError) as exc:
+            _log.warning("claiming failed; trying again: %s", exc)
+        except PostroomError as exc:
+            self._give_up(exc)
+        self._stopping.wait(min(self.poll, 1.0))
+        return []
+
+    def _give_up(self, exc: PostroomError) -> None:
+        """Stop on a refusal no resend can change (the token revoked, say)."""
+        _log.error("the service refused the worker: %s", exc)
+        self._refused = self._refused or exc
+        self._stopping.set()
+
+    # -- settling ---------------------------------------------------------------------------
+
+    def _settle_loop(self, outcomes: queue.SimpleQueue[_Done | None],
+                     start: Callable[[Claim], None] | None, closing: threading.Event) -> None:
+        """Settle the outcomes as they come, all those waiting with one request, until the
+        end (``None``). With ``start``, each batch's slots are free again once it is
+        settled: the same request claims tasks for them, which ``start`` runs."""
+        ended = False
+        while not ended:
+            batch: list[_Done] = []
+            item = outcomes.get()
+            while item is not None:
+                batch.append(item)
+                if len(batch) == _MOST_PER_REQUEST:
+                    break
+                try:
+                    item = outcomes.get_nowait()
+                except queue.Empty:
+                    break
+            ended = item is None
+            if not batch:
+                continue
+            claiming = start is not None and not (closing.is_set() or self._stopping.is_set())
+            claims = self._settle(batch, min(len(batch), self.batch) if claiming else 0)
+            for claim in claims:
+                assert start is not None
+                start(claim)  # in the slot a settled task left
+            for _ in range(len(batch) - len(claims) if start is not None else 0):
+                self._slots.release()
+
+    def _settle(self, batch: list[_Done], claim: int) -> list[Claim]:
+        """Commit ``batch``'s outcomes (and claim up to ``claim`` tasks with the first
+        request): the tasks claimed."""
+        sending: list[Finished | Failed | Released] = []
+        for _, context, outcome in batch:
+            if context.cancelled:
+                self._count("fenced")
+            else:
+                sending.append(_sendable(outcome))
+        claims: list[Claim] = []
+        failures = 0
+        while sending:
+            try:
+                if claim:
+                    results, claims = self.client.settle_and_claim(
+                        sending, claim, queues=self.queues, lease=self.lease)
+                    claim = 0
+                else:
+                    results = self.client.settle_many(sending)
+            except (httpx.HTTPError, ServiceError) as exc:
+                failures += 1
+                _log.warning("committing outcomes failed; trying again: %s", exc)
+                if failures > 5 and self._stopping.is_set():
+                    break  # given up: their leases will run out
+                time.sleep(min(5.0, 0.05 * 2 ** failures))
+                continue
+            except PostroomError as exc:
+                self._give_up(exc)
+                break
+            sending = [instead for outcome, result in zip(sending, results, strict=True)
+                       if (instead := self._after(outcome, result)) is not None]
+        with self._changed:
+            for held, _, _ in batch:
+                self._held.pop(held.task_id, None)
+            self._changed.notify_all()
+        return claims
+
+    def _after(self, outcome: Finished | Failed | Released,
+               result: Settled) -> Failed | None:
+        """Count a committed outcome; for a refused finish, the failure to commit instead."""
+        if result.error is None:
+            self._count(_VERBS[type(outcome)])
+        elif isinstance(result.error, Fenced):
+            self._count("fenced")
+        elif isinstance(outcome, Finished):
+            return _refused_finish(outcome, result.error)
+        else:
+            _log.warning("outcome of %s refused, its lease will run out: %s",
+                         outcome.claim.task_id, result.error)
+        return None
+
+    def _count(self, verb: str) -> None:
+        with self._lock:
+            self.settled[verb] += 1
+
+    # -- running and renewing -----------------------------------------------------------------
 
     def _run(self, claim: Claim, context: Context) -> Finished | Failed | Released:
         spec = self.app.handler_for(claim.queue)
@@ -498,12 +732,34 @@ class RemoteWorker:
         return Finished(claim=claim, result=result, follow_ups=context.follow_ups,
                         waits=context.waits, side_effects=context.side_effects)
 
-    def _renew(self, claim: Claim, context: Context, done: threading.Event) -> None:
-        while not done.wait(self.lease / 3):
-            try:
-                self.client.renew(claim, lease=self.lease)
-            except Fenced:
-                context.cancellation.set()
-                return
-            except (PostroomError, httpx.HTTPError):
-                _log.warning("renewing %s failed; trying again", claim.task_id)
+    def _renew_loop(self, ended: threading.Event) -> None:
+        while not ended.wait(self.lease / 3):
+            with self._lock:
+                held = list(self._held.values())
+            for claim, context in held:
+                if context.cancelled:
+                    continue
+                try:
+                    self.client.renew(claim, lease=self.lease)
+                except Fenced:
+                    context.cancellation.set()
+                except (PostroomError, httpx.HTTPError):
+                    _log.warning("renewing %s failed; trying again", claim.task_id)
+
+
+def _sendable(outcome: Finished | Failed | Released) -> Finished | Failed | Released:
+    """``outcome``, or the failure that replaces a finish whose result is not JSON (which
+    the service would refuse with the whole request)."""
+    if isinstance(outcome, Finished):
+        try:
+            json.dumps(outcome.result, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            return _refused_finish(outcome, InvalidInput("result", f"is not JSON: {exc}"))
+    return outcome
+
+
+def _refused_finish(outcome: Finished, error: Exception) -> Failed:
+    """The attempt fails instead of a refused finish: for good when retrying cannot change
+    it (an input refused)."""
+    return Failed(claim=outcome.claim, retryable=not isinstance(error, InvalidInput),
+                  reason=f"finish refused: {type(error).__name__}: {error}"[:4096])

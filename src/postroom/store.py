@@ -633,6 +633,14 @@ class Store:
         check_text(task_id, "task_id", max_bytes=TASK_ID_BYTES)
         return self._db.read(lambda tx: status.task(tx, task_id))
 
+    def tasks_of(self, task_ids: Iterable[str]) -> list[Task | None]:
+        """The tasks ``task_ids`` (at most ``MAX_BATCH``) as stored, read in one snapshot, in
+        order: ``None`` where there is none."""
+        wanted = check_batch(task_ids, "task_ids")
+        for index, task_id in enumerate(wanted):
+            check_text(task_id, f"task_ids[{index}]", max_bytes=TASK_ID_BYTES)
+        return self._db.read(lambda tx: status.tasks_of(tx, wanted))
+
     def story(self, task_id: str) -> TaskStory:
         """Everything durable about a task, read in one snapshot: the task, each attempt to
         run it (owner, fence, start, end, how it ended, its error), its reply and each

@@ -56,6 +56,12 @@ HTTP_KINDS = ("receive", "submit", "healthz", "whoami", "submit_stdlib", "client
               "stdlib_floor", "stack_floor")
 HTTP_ROWS = {f"http.sqlite.{kind}" for kind in HTTP_KINDS}
 PG_HTTP_ROWS = {f"http.postgres.{kind}" for kind in HTTP_KINDS}
+#: A remote worker through the service, with its defaults and one task at a time, for the
+#: trivial handler and the 50 ms one, on each backend.
+REMOTE_KINDS = [f"{handler}.{shape}" for handler in ("trivial", "io")
+                for shape in ("defaults", "one_at_a_time")]
+REMOTE_ROWS = {f"remote.sqlite.{kind}" for kind in REMOTE_KINDS}
+PG_REMOTE_ROWS = {f"remote.postgres.{kind}" for kind in REMOTE_KINDS}
 #: Where each kernel call's time goes, sampled by py-spy, on each backend.
 CALLS = ("receive", "claim", "finish", "dispatch", "signal")
 PROFILE_ROWS = {f"profiles.sqlite.{call}" for call in CALLS}
@@ -135,8 +141,8 @@ def test_quick_run_reports_every_scenario_with_a_ratio_to_the_raw_loop(quick_rep
     rows = {row["id"]: row for row in quick_report["measurements"]
             if row["backend"] == "sqlite"}
     assert set(rows) == (SQLITE_ROWS | RUNTIME_ROWS | LATENCY_ROWS | RSS_ROWS | STEP_ROWS
-                         | PEER_ROWS | HTTP_ROWS | FRAME_ROWS | PROFILE_ROWS)
-    for row in (rows[name] for name in SQLITE_ROWS | RUNTIME_ROWS | HTTP_ROWS):
+                         | PEER_ROWS | HTTP_ROWS | REMOTE_ROWS | FRAME_ROWS | PROFILE_ROWS)
+    for row in (rows[name] for name in SQLITE_ROWS | RUNTIME_ROWS | HTTP_ROWS | REMOTE_ROWS):
         assert row["value"] == pytest.approx(statistics.median(row["rounds"]), abs=0.1)
         assert len(row["round_ratios"]) == len(row["rounds"]) > 0
         assert all(ratio > 0 for ratio in row["round_ratios"])
@@ -250,7 +256,7 @@ def test_quick_run_judges_every_bar(quick_report):
 def test_quick_run_measures_postgres_workers_and_latency(pg_report):
     rows = {row["id"]: row for row in pg_report["measurements"] if row["backend"] == "postgres"}
     assert set(rows) == (POSTGRES_THROUGHPUT_ROWS | PG_RUNTIME_ROWS | PG_STEP_ROWS | PG_PEER_ROWS
-                         | PG_HTTP_ROWS | PG_BACKLOG_ROWS | PG_PROFILE_ROWS
+                         | PG_HTTP_ROWS | PG_REMOTE_ROWS | PG_BACKLOG_ROWS | PG_PROFILE_ROWS
                          | {"pg.latency.p50", "pg.latency.p99"})
     for name in POSTGRES_THROUGHPUT_ROWS:
         row = rows[name]
@@ -529,7 +535,8 @@ def test_unreachable_postgres_fails_the_run_before_anything_runs():
         assert "PostgreSQL at postgresql://postgres:***@127.0.0.1:1/postgres is unreachable" \
             in done.stderr
         assert ("pg-claim, pg-claim-backlog, pg-e2e, pg-latency, pg-workers, pg-worker-latency, "
-                "pg-rss, pg-steps, pg-peers, pg-http-submit, pg-profiles need it" in done.stderr)
+                "pg-rss, pg-steps, pg-peers, pg-http-submit, pg-remote-worker, pg-profiles need it"
+                in done.stderr)
         assert "--only" in done.stderr
         assert "hidden" not in done.stderr and done.stdout == ""
         assert list(folder.iterdir()) == []

@@ -97,3 +97,19 @@ def test_the_story_names_the_waits_the_task_opened(store, task_id):
 def test_the_story_of_an_unknown_task_is_not_found(store):
     with pytest.raises(postroom.NotFound):
         store.story("no-such-task")
+
+
+def test_several_tasks_are_read_in_one_snapshot_in_order_with_none_where_there_is_none(
+        store, auth, task_id):
+    other = store.receive(auth, envelope(message_id="another")).task_id
+    store.claim("w1")
+    found = store.tasks_of([other, "0" * 64, task_id])
+    assert [None if task is None else (task.task_id, task.state) for task in found] == [
+        (other, TaskState.PENDING), None, (task_id, TaskState.RUNNING)]
+    assert found[2] == store.task(task_id)
+
+
+def test_reading_several_tasks_names_a_task_id_that_is_not_one(store):
+    with pytest.raises(postroom.InvalidInput) as refused:
+        store.tasks_of(["", "x" * 100])
+    assert refused.value.field == "task_ids[0]"

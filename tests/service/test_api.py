@@ -203,6 +203,114 @@ def test_a_failure_returns_the_task_for_a_retry_and_release_gives_the_attempt_ba
     assert service.store.task(task_id).attempts == 1
 
 
+def held_tasks(service, count: int) -> list[dict]:
+    """``count`` tasks alice submitted, claimed by wendy with one request."""
+    with service.http("alice") as http:
+        for n in range(count):
+            submit(http, f"s-{n}")
+    answer = service.http("wendy").post("/v1/claims", json={"limit": count})
+    assert len(answer.json()["claims"]) == count
+    return answer.json()["claims"]
+
+
+def settle(service, *outcomes: dict) -> httpx.Response:
+    return service.http("wendy").post("/v1/settlements", json={"outcomes": list(outcomes)})
+
+
+def test_a_settlement_commits_each_outcome_and_answers_each_in_its_place(service):
+    done, failed, released = held_tasks(service, 3)
+    answer = settle(
+        service,
+        {"task_id": done["task_id"], "fence": done["fence"], "outcome": "finish",
+         "result": {"ok": 1}},
+        {"task_id": failed["task_id"], "fence": failed["fence"], "outcome": "fail",
+         "reason": "bad input", "retryable": False},
+        {"task_id": released["task_id"], "fence": released["fence"], "outcome": "release"})
+    assert answer.status_code == 200, answer.text
+    assert [(item["task_id"], item["state"], item["replay"])
+            for item in answer.json()["settled"]] == [
+        (done["task_id"], "done", False), (failed["task_id"], "failed", False),
+        (released["task_id"], "pending", False)]
+    store = service.store
+    assert store.task(done["task_id"]).result == {"ok": 1}
+    assert store.task(failed["task_id"]).last_error == "bad input"
+    assert store.task(released["task_id"]).attempts == 0
+
+
+def test_a_settled_outcome_with_a_stale_fence_is_lease_lost_and_costs_the_others_nothing(
+        service):
+    stale, fresh = held_tasks(service, 2)
+    answer = settle(
+        service,
+        {"task_id": stale["task_id"], "fence": stale["fence"] + 1, "outcome": "finish"},
+        {"task_id": fresh["task_id"], "fence": fresh["fence"], "outcome": "finish"})
+    first, second = answer.json()["settled"]
+    assert first["problem"]["type"] == "/problems/lease-lost" and "state" not in first
+    assert second["state"] == "done"
+    assert service.store.task(stale["task_id"]).state == "running"
+
+
+def test_a_settlement_sent_again_after_it_committed_is_answered_as_a_replay(service):
+    [held] = held_tasks(service, 1)
+    outcome = {"task_id": held["task_id"], "fence": held["fence"], "outcome": "fail",
+               "reason": "flaky"}
+    first, again = settle(service, outcome), settle(service, outcome)
+    assert first.json()["settled"][0] == {"task_id": held["task_id"], "state": "pending",
+                                          "replay": False, "waits": []}
+    assert again.json()["settled"][0] == {**first.json()["settled"][0], "replay": True}
+    assert service.store.task(held["task_id"]).attempts == 1
+
+
+def test_an_outcome_carrying_another_outcomes_field_is_refused_naming_it(service):
+    finish, fail = held_tasks(service, 2)
+    answer = settle(
+        service,
+        {"task_id": finish["task_id"], "fence": finish["fence"], "outcome": "finish",
+         "reason": "not a finish's"},
+        {"task_id": fail["task_id"], "fence": fail["fence"], "outcome": "fail"})
+    assert [(item["problem"]["status"], item["problem"]["field"])
+            for item in answer.json()["settled"]] == [
+        (400, "outcomes[0].reason"), (400, "outcomes[1].reason")]
+    assert {service.store.task(item["task_id"]).state for item in (finish, fail)} == {
+        "running"}
+
+
+def test_an_outcome_the_store_refuses_is_named_by_its_place_in_the_request(service):
+    stale, deep = held_tasks(service, 2)
+    nested: object = 1
+    for _ in range(40):  # deeper than the store takes, which the schema cannot say
+        nested = [nested]
+    answer = settle(
+        service,
+        {"task_id": stale["task_id"], "fence": stale["fence"] + 1, "outcome": "release"},
+        {"task_id": deep["task_id"], "fence": deep["fence"], "outcome": "finish",
+         "result": nested})
+    problem = answer.json()["settled"][1]["problem"]
+    assert problem["status"] == 400 and problem["field"].startswith("outcomes[1].")
+
+
+def test_a_settlement_claims_the_next_tasks_in_the_same_transaction(service):
+    [held] = held_tasks(service, 1)
+    with service.http("alice") as http:
+        waiting = submit(http, "next").json()["task_id"]
+    answer = service.http("wendy").post("/v1/settlements", json={
+        "outcomes": [{"task_id": held["task_id"], "fence": held["fence"], "outcome": "finish"}],
+        "claim": {"limit": 5, "lease": 60}})
+    [claimed] = answer.json()["claims"]
+    assert answer.json()["settled"][0]["state"] == "done"
+    assert (claimed["task_id"], claimed["lease_until"]) == (waiting, START + 60)
+    assert service.store.task(waiting).owner == "http:wendy"
+
+
+def test_a_settlement_claims_only_from_the_queues_the_worker_is_granted(service):
+    [held] = held_tasks(service, 1)
+    answer = service.http("wendy").post("/v1/settlements", json={
+        "outcomes": [{"task_id": held["task_id"], "fence": held["fence"], "outcome": "finish"}],
+        "claim": {"queues": ["other"]}})
+    assert answer.status_code == 403 and answer.json()["field"] == "claim.queues[0]"
+    assert service.store.task(held["task_id"]).state == "running"
+
+
 def test_a_renewal_moves_the_lease(service):
     with service.http("alice") as http:
         task_id = submit(http).json()["task_id"]

@@ -13,13 +13,19 @@ operators do everything else but grant or answer approvals. The matrix counts an
   (status or body; request ids are headers) from the same call on a missing one (must be 0);
 - refused allowances: an allowed call that did not succeed (must be 0, or the matrix proves
   nothing).
+
+A settlement answers each of its outcomes on its own: its call names one, and that item's
+answer (its problem, if refused) is what counts.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import httpx
 
 import postroom
 from postroom.http.app import ROUTES
@@ -122,7 +128,7 @@ def allowed(route: str, caller: str | None, target: Any) -> bool:
         return kind == "operator" or (kind == "agent" and target == caller)
     if route in {"claim", "open_wait"}:
         return kind == "worker" or (route == "open_wait" and kind == "operator")
-    if route in ("renew", "finish", "fail", "release"):
+    if route in ("renew", "finish", "fail", "release", "settle"):
         return kind == "worker" and target == caller
     if route in ("list_waits", "get_wait"):
         return kind == "operator" or (kind == "human" and target in (caller, "-"))
@@ -153,13 +159,18 @@ def calls(route: str, world: World, caller: str | None) -> dict[Any, Call]:
         ids = {**world.tasks, "missing": MISSING_TASK}
         return {owner: Call(f"/v1/tasks/{ids[owner]}{tail}", body) for owner in TASK_OWNERS}
 
-    def on_claims(verb: str, body: dict[str, Any]) -> dict[Any, Call]:
-        found: dict[Any, Call] = {}
+    def held() -> list[tuple[str, str, int]]:
+        """Each holder's claimed task and fence ("missing": no such task)."""
+        found = []
         for holder in CLAIM_HOLDERS:
             claim = world.claims.get(holder, world.claims["wendy"])
-            task_id = MISSING_TASK if holder == "missing" else claim.task_id
-            found[holder] = Call(f"/v1/tasks/{task_id}/{verb}", {"fence": claim.fence, **body})
+            found.append((holder, MISSING_TASK if holder == "missing" else claim.task_id,
+                          claim.fence))
         return found
+
+    def on_claims(verb: str, body: dict[str, Any]) -> dict[Any, Call]:
+        return {holder: Call(f"/v1/tasks/{task_id}/{verb}", {"fence": fence, **body})
+                for holder, task_id, fence in held()}
 
     def on_waits(tail: str, body: Any = None, *, generation: bool = False) -> dict[Any, Call]:
         found: dict[Any, Call] = {}
@@ -207,6 +218,9 @@ def calls(route: str, world: World, caller: str | None) -> dict[Any, Call]:
         "finish": lambda: on_claims("finish", {"result": {"ok": True}}),
         "fail": lambda: on_claims("fail", {"reason": "no"}),
         "release": lambda: on_claims("release", {}),
+        "settle": lambda: {holder: Call("/v1/settlements", {"outcomes": [
+            {"outcome": "finish", "task_id": task_id, "fence": fence, "result": None}]})
+            for holder, task_id, fence in held()},
         "get_wait": lambda: on_waits(""),
         "signal": lambda: on_waits("/signal", {"event_id": unique, "value": 1},
                                    generation=True),
@@ -217,6 +231,16 @@ def calls(route: str, world: World, caller: str | None) -> dict[Any, Call]:
         "revoke_approval": lambda: on_approvals("/revoke", {"reason": "no"}),
     }
     return by_route[route]()
+
+
+def verdict(route: str, answer: httpx.Response) -> tuple[int, bytes]:
+    """The status and body a call was answered with; for a settlement (whose items are
+    answered one by one), those of its one item's problem, if it has one."""
+    if route == "settle" and answer.status_code == 200:
+        [item] = answer.json()["settled"]
+        if "problem" in item:
+            return int(item["problem"]["status"]), json.dumps(item["problem"]).encode()
+    return answer.status_code, answer.content
 
 
 #: The routes whose one call names no record of a world (``calls``' single ones).
@@ -248,19 +272,19 @@ def test_no_role_does_more_than_its_rules_and_no_refusal_tells_what_exists(servi
             else:
                 world = build(service.store, f"{route.name}-{caller}")
             http = service.http(caller)
-            answers = {}
+            answers: dict[Any, tuple[int, bytes]] = {}
             for target, call in calls(route.name, world, caller).items():
                 answer = http.request(route.method, call.path, json=call.body)
-                answers[target] = answer
+                status, content = answers[target] = verdict(route.name, answer)
                 counts["requests"] += 1
-                ok = answer.status_code < 400
+                ok = status < 400
                 if ok and not allowed(route.name, caller, target):
                     counts["unauthorized_successes"] += 1
-                    findings.append(f"{caller} {route.name} {target}: {answer.status_code}")
+                    findings.append(f"{caller} {route.name} {target}: {status}")
                 elif not ok and allowed(route.name, caller, target):
                     counts["refused_allowances"] += 1
                     findings.append(f"{caller} {route.name} {target} refused: "
-                                    f"{answer.status_code} {answer.text[:120]}")
+                                    f"{status} {content[:120]!r}")
                 whose = LISTED.get(route.name)
                 if ok and whose is not None and role(caller) != "operator":
                     foreign = [item for item in answer.json()["items"] if item[whose] != caller]
@@ -268,10 +292,9 @@ def test_no_role_does_more_than_its_rules_and_no_refusal_tells_what_exists(servi
                         counts["unauthorized_successes"] += 1
                         findings.append(f"{caller} {route.name} lists {len(foreign)} others'")
             missing = answers.get("missing")
-            for target, answer in answers.items():
-                if (missing is not None and target != "missing" and answer.status_code == 404
-                        and (answer.status_code, answer.content) != (
-                            missing.status_code, missing.content)):
+            for target, (status, content) in answers.items():
+                if (missing is not None and target != "missing" and status == 404
+                        and (status, content) != missing):
                     counts["existence_leaks"] += 1
                     findings.append(f"{caller} {route.name} {target}: 404 differs")
     print("authorization matrix:", counts)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import httpx
 import pytest
@@ -131,3 +132,104 @@ def test_a_remote_worker_abandons_a_task_whose_claim_is_lost(service):
     worker.run_once()
     assert worker.settled["fenced"] == 1
     assert store.task(ack.task_id).state == "cancelled"
+
+
+class CountingTransport(httpx.HTTPTransport):
+    """httpx's transport, counting the requests sent to each path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.paths: list[str] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.paths.append(request.url.path)
+        return super().handle_request(request)
+
+
+def submitted(service, count: int, prefix: str = "r") -> list[str]:
+    agent = service.client("alice")
+    return [agent.submit(f"{prefix}-{n}", {"n": n}, deadline=DEADLINE).task_id
+            for n in range(count)]
+
+
+def test_a_remote_worker_runs_up_to_its_concurrency_of_handlers_at_once(service):
+    app, lock = App(), threading.Lock()
+    running, most = [0], [0]
+    together = threading.Barrier(3, timeout=30)  # broken unless three run at once
+
+    @app.handler("default")
+    def handle(payload: dict, ctx: Context) -> None:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        together.wait()
+        with lock:
+            running[0] -= 1
+
+    task_ids = submitted(service, 6)
+    worker = RemoteWorker(service.client("wendy"), app, concurrency=3, batch=6)
+    assert worker.run_once() == 6
+    assert most[0] == 3
+    assert {service.store.task(task_id).state for task_id in task_ids} == {"done"}
+
+
+def test_a_remote_worker_commits_a_rounds_outcomes_with_one_request(service):
+    app = App()
+    app.handler("default")(lambda payload, ctx: payload["n"])
+    task_ids = submitted(service, 3)
+    transport = CountingTransport()
+    client = Client(service.url, service.tokens["wendy"], retries=0, transport=transport)
+    with client:
+        RemoteWorker(client, app, batch=3).run_once()
+    assert transport.paths == ["/v1/claims", "/v1/settlements"]
+    assert [service.store.task(task_id).result for task_id in task_ids] == [0, 1, 2]
+
+
+def test_a_remote_worker_fails_a_finish_whose_result_is_not_json_and_settles_the_rest(
+        service):
+    app = App()
+    app.handler("default")(lambda payload, ctx: object() if payload["n"] == 1 else "ok")
+    task_ids = submitted(service, 3)
+    worker = RemoteWorker(service.client("wendy"), app, batch=3)
+    worker.run_once()
+    tasks = [service.store.task(task_id) for task_id in task_ids]
+    assert [task.state for task in tasks] == ["done", "failed", "done"]
+    assert tasks[1].last_error.startswith("finish refused: InvalidInput: result")
+    assert worker.settled == {"finish": 2, "fail": 1, "release": 0, "fenced": 0}
+
+
+def test_a_running_remote_worker_works_until_stopped_and_settles_what_it_holds(service):
+    app, all_started = App(), threading.Event()
+    started = []
+
+    @app.handler("default")
+    def handle(payload: dict, ctx: Context) -> str:
+        started.append(ctx.task_id)
+        if len(started) == 10:
+            all_started.set()
+        return "ok"
+
+    task_ids = submitted(service, 10)
+    worker = RemoteWorker(service.client("wendy"), app, concurrency=4, poll=0.05)
+    running = threading.Thread(target=worker.run)
+    running.start()
+    assert all_started.wait(30)
+    worker.stop()
+    running.join(30)
+    assert not running.is_alive()
+    assert worker.settled["finish"] == 10
+    assert {service.store.task(task_id).state for task_id in task_ids} == {"done"}
+
+
+def test_a_remote_worker_whose_principal_is_revoked_stops_and_raises(service):
+    app = App()
+
+    @app.handler("default")
+    def handle(payload: dict, ctx: Context) -> None:
+        service.store.revoke_principal("wendy")
+
+    [task_id] = submitted(service, 1)
+    worker = RemoteWorker(service.client("wendy"), app)
+    with pytest.raises(postroom.Unauthorized):
+        worker.run_once()
+    assert service.store.task(task_id).state == "running"  # its lease will run out

@@ -88,6 +88,9 @@ class Sizes:
     peer_warm_up: int = 100
     #: Tasks per round of the submit scenarios (in process, and over HTTP).
     http_tasks: int = 1_000
+    #: Tasks per round of a remote worker with the trivial handler (the 50 ms one runs
+    #: ``io_tasks``).
+    remote_tasks: int = 2_000
     #: ``postroom worker`` processes on PostgreSQL, one count after another (the curve of
     #: throughput against processes; 4 is the one the runtime's bar judges).
     pg_worker_curve: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -107,7 +110,7 @@ QUICK = Sizes(raw_commits=100, rounds=2, backlogs=(100, 1_000, 3_000), claim_cyc
               runtime_tasks=200, pg_runtime_tasks=200, io_tasks=16, rss_warm_up=300,
               rss_tasks=1_000, pg_rss_tasks=600, future_backlog=3_000, due_tasks=100,
               peer_tasks=50, peer_rounds=1, peers_optional=True, peer_warm_up=0,
-              http_tasks=50, pg_worker_curve=(1, 4), profile_calls=100)
+              http_tasks=50, remote_tasks=50, pg_worker_curve=(1, 4), profile_calls=100)
 
 
 class Target(Protocol):

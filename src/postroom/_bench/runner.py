@@ -22,6 +22,7 @@ from postroom._bench.scenarios import (
     peers,
     postgres,
     profiles,
+    remote_worker,
     runtime,
     steps,
     waits,
@@ -67,6 +68,8 @@ SCENARIOS: dict[str, Scenario] = {
     "pg-peers": Scenario(peers.run_pg_peers, "postgres"),
     "http-submit": Scenario(http_submit.run),
     "pg-http-submit": Scenario(http_submit.run, "postgres"),
+    "remote-worker": Scenario(remote_worker.run),
+    "pg-remote-worker": Scenario(remote_worker.run, "postgres"),
     "profiles": Scenario(profiles.run),
     "pg-profiles": Scenario(profiles.run, "postgres"),
 }

@@ -29,19 +29,25 @@ from postroom import (
     AttemptOutcome,
     Claim,
     Envelope,
+    Failed,
     Fenced,
+    Finished,
     FollowUp,
     InvalidInput,
     NotFound,
     OpenWait,
+    PostroomError,
     Principal,
+    Released,
     Role,
+    Settlement,
     SideEffect,
     Task,
     TaskState,
+    Unauthorized,
     Wait,
 )
-from postroom.http.problems import NOT_FOUND, Problem
+from postroom.http.problems import NOT_FOUND, Problem, problem_for
 from postroom.http.routing import Answer, Call
 from postroom.http.schemas import Schema, array, boolean, integer, nullable, number, obj, text
 from postroom.principals import (
@@ -120,6 +126,25 @@ FAIL_BODY = obj({"fence": FENCE, "reason": REASON, "retryable": boolean()},
                 required=("fence", "reason"))
 RELEASE_BODY = obj({"fence": FENCE, "delay": number(minimum=0, maximum=365 * 86_400)},
                    required=("fence",))
+#: What each outcome of a settlement may carry beside its task, fence and kind.
+OUTCOME_FIELDS: Mapping[str, tuple[str, ...]] = {
+    "finish": ("result", "follow_ups", "waits", "side_effects"),
+    "fail": ("reason", "retryable"),
+    "release": ("delay",),
+}
+SETTLEMENT = obj({"task_id": TASK_ID, "fence": FENCE,
+                  "outcome": {"type": "string", "enum": list(OUTCOME_FIELDS)},
+                  **{name: schema for body in (FINISH_BODY, FAIL_BODY, RELEASE_BODY)
+                     for name, schema in body["properties"].items() if name != "fence"}},
+                 required=("task_id", "fence", "outcome"))
+SETTLE_BODY = obj({"outcomes": array(SETTLEMENT, max_items=MAX_CLAIMS, min_items=1),
+                   "claim": obj({name: CLAIM_BODY["properties"][name]
+                                 for name in ("queues", "limit", "lease")})},
+                  required=("outcomes",))
+SETTLED = obj({"settled": array(obj({"task_id": {"type": "string"}}, required=("task_id",),
+                                    closed=False), max_items=MAX_CLAIMS),
+               "claims": array(CLAIM, max_items=MAX_CLAIMS)},
+              required=("settled", "claims"))
 OPEN_WAIT_BODY = obj({**OPEN_WAIT["properties"], "task_id": TASK_ID},
                      required=("flow", "step", "deadline"))
 SIGNAL_BODY = obj({"event_id": text(), "value": ANY}, required=("event_id",))
@@ -207,15 +232,24 @@ def _visible_wait(call: Call, generation: int | None = None) -> Wait:
 
 
 def _claim_of(call: Call) -> Claim:
-    """The claim the calling worker holds on the path's task at the body's fence, rebuilt
-    from the stored task."""
+    """The claim the calling worker holds on the path's task at the body's fence."""
+    return _held(call, call.params["task_id"], call.body["fence"])
+
+
+def _held(call: Call, task_id: str, fence: int) -> Claim:
+    """The claim the calling worker holds on ``task_id`` at ``fence``."""
     try:
-        task = call.store.task(call.params["task_id"])
+        return _holding(call, call.store.task(task_id), fence)
     except NotFound:
         raise NOT_FOUND from None
-    if not may_work(call.principal, task.queue):
+
+
+def _holding(call: Call, task: Task | None, fence: int) -> Claim:
+    """The claim the calling worker holds on ``task`` (as stored) at ``fence``, rebuilt
+    from it: ``NOT_FOUND`` if there is none or it is outside its queues, ``Fenced`` if the
+    worker does not hold it."""
+    if task is None or not may_work(call.principal, task.queue):
         raise NOT_FOUND
-    fence = call.body["fence"]
     if (task.state is not TaskState.RUNNING or task.owner != owner_of(call)
             or task.fence != fence or task.lease_until is None):
         raise Fenced(task.task_id, f"not held by this worker at fence {fence}")
@@ -339,17 +373,23 @@ def get_reply(call: Call) -> Answer:
 # -- workers: claims and their outcomes -----------------------------------------------------
 
 
+def _granted(call: Call, queues: list[str] | None, field: str) -> list[str]:
+    """The queues a claim names (all the caller is granted, if none): 403 naming the first
+    that is not granted."""
+    granted = call.principal.queues
+    for index, queue in enumerate(queues if queues is not None else ()):
+        if queue not in granted:
+            raise Problem(403, "forbidden", "Forbidden",
+                          f"queue {queue!r} is not granted to this worker",
+                          field=f"{field}[{index}]")
+    return list(queues) if queues is not None else list(granted)
+
+
 def claim(call: Call) -> Answer:
     """Claim up to ``limit`` tasks of the caller's granted queues, waiting up to ``wait``
     seconds (bounded by the service) for one to come."""
     body = call.body
-    granted = call.principal.queues
-    queues = body.get("queues", list(granted))
-    for index, queue in enumerate(queues):
-        if queue not in granted:
-            raise Problem(403, "forbidden", "Forbidden",
-                          f"queue {queue!r} is not granted to this worker",
-                          field=f"queues[{index}]")
+    queues = _granted(call, body.get("queues"), "queues")
     limit = body.get("limit", 1)
     wait = min(float(body.get("wait", 0)), call.limits.max_poll)
     deadline = time.monotonic() + wait
@@ -385,13 +425,29 @@ def _outcome(call: Call, kind: str, commit: Callable[[Claim], Answer]) -> Answer
     try:
         return commit(_claim_of(call))
     except Fenced:
-        story = call.store.story(call.params["task_id"])
-        for attempt in story.attempts:
-            if (attempt.fence == call.body["fence"] and attempt.owner == owner_of(call)
-                    and attempt.outcome in _ENDS[kind]):
-                return Answer(body={"state": _ENDS[kind][attempt.outcome].value,
-                                    "replay": True})
-        raise
+        state = _replayed(call, call.params["task_id"], call.body["fence"], kind)
+        if state is None:
+            raise
+        return Answer(body={"state": state.value, "replay": True})
+
+
+def _replayed(call: Call, task_id: str, fence: int, kind: str) -> TaskState | None:
+    """The state a ``kind`` outcome of the caller's claim at ``fence`` already committed
+    left the task in, or ``None`` if no such outcome committed."""
+    for attempt in call.store.story(task_id).attempts:
+        if (attempt.fence == fence and attempt.owner == owner_of(call)
+                and attempt.outcome in _ENDS[kind]):
+            return _ENDS[kind][attempt.outcome]
+    return None
+
+
+def _finishing(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A finish's follow-ups, waits and side effects, as ``Store.finish`` takes them."""
+    return {"follow_ups": [FollowUp(**item) for item in body.get("follow_ups", ())],
+            "waits": [OpenWait(**{**item, "approval": None if item.get("approval") is None
+                                  else ApprovalRequest(**item["approval"])})
+                      for item in body.get("waits", ())],
+            "side_effects": [SideEffect(**item) for item in body.get("side_effects", ())]}
 
 
 def finish(call: Call) -> Answer:
@@ -400,16 +456,10 @@ def finish(call: Call) -> Answer:
     it: each side effect consumes a use of a human's approval, or the finish is refused 403
     ``not-approved`` and writes nothing. A retry after a lost answer is answered
     ``replay: true``."""
-    body = call.body
-    follow_ups = [FollowUp(**item) for item in body.get("follow_ups", ())]
-    waits = [OpenWait(**{**item, "approval": None if item.get("approval") is None
-                         else ApprovalRequest(**item["approval"])})
-             for item in body.get("waits", ())]
-    effects = [SideEffect(**item) for item in body.get("side_effects", ())]
+    finishing = _finishing(call.body)
 
     def commit(claim: Claim) -> Answer:
-        openings = call.store.finish(claim, body.get("result"), follow_ups=follow_ups,
-                                     waits=waits, side_effects=effects)
+        openings = call.store.finish(claim, call.body.get("result"), **finishing)
         return Answer(body={"state": TaskState.DONE.value, "replay": False,
                             "waits": [plain(opening) for opening in openings]})
 
@@ -434,6 +484,88 @@ def release(call: Call) -> Answer:
         return Answer(body={"state": TaskState.PENDING.value, "replay": False})
 
     return _outcome(call, "release", commit)
+
+
+def settle(call: Call) -> Answer:
+    """Commit many outcomes of the caller's claims in one transaction: a remote worker's
+    group commit. Each item names its task, the claim's ``fence`` and its ``outcome``:
+    ``finish`` (with a finish's fields), ``fail`` (with a ``reason``) or ``release``. Each
+    is fenced and atomic on its own: one that is refused is answered in its place with its
+    problem (``lease-lost``, ``not-found``, ...), writes nothing and costs the others
+    nothing; a retry of one that committed already is answered ``replay: true``. With
+    ``claim``, the caller's next tasks are claimed in the same transaction, as ``/v1/claims``
+    would claim them (without waiting): the slots these outcomes free, filled with one
+    request."""
+    items = call.body["outcomes"]
+    wanted = call.body.get("claim")
+    queues = _granted(call, wanted.get("queues"), "claim.queues") if wanted else []
+    answers: dict[int, dict[str, Any]] = {}
+    ready: list[tuple[int, Settlement]] = []
+    stored = call.store.tasks_of(item["task_id"] for item in items)
+    for index, (item, task) in enumerate(zip(items, stored, strict=True)):
+        try:
+            ready.append((index, _settlement(index, item, _holding(call, task, item["fence"]))))
+        except (Problem, PostroomError) as exc:
+            answers[index] = _not_settled(call, item, exc)
+    outcomes = [outcome for _, outcome in ready]
+    claims: list[Claim] = []
+    if wanted:
+        settled, claims = call.store.settle_and_claim(
+            outcomes, owner_of(call), wanted.get("limit", 1), queues=queues,
+            lease=wanted.get("lease"))
+    else:
+        settled = call.store.settle(outcomes)
+    for place, ((index, _), done) in enumerate(zip(ready, settled, strict=True)):
+        if done.error is None:
+            assert done.state is not None
+            answers[index] = {"task_id": done.task_id, "state": done.state.value,
+                              "replay": False,
+                              "waits": [plain(opening) for opening in done.openings]}
+        else:
+            answers[index] = _not_settled(call, items[index],
+                                          _renumbered(done.error, place, index))
+    return Answer(body={"settled": [answers[index] for index in range(len(items))],
+                        "claims": [_claim_json(claim) for claim in claims]})
+
+
+def _settlement(index: int, item: Mapping[str, Any], claim: Claim) -> Settlement:
+    """Item ``index`` of a settlement, of ``claim``, as the store takes it."""
+    kind = item["outcome"]
+    for name in item:
+        if name not in ("task_id", "fence", "outcome", *OUTCOME_FIELDS[kind]):
+            raise InvalidInput(f"outcomes[{index}].{name}", f"is not a field of a {kind}")
+    if kind == "fail" and "reason" not in item:
+        raise InvalidInput(f"outcomes[{index}].reason", "is required to fail a task")
+    if kind == "finish":
+        return Finished(claim=claim, result=item.get("result"), **_finishing(item))
+    if kind == "fail":
+        return Failed(claim=claim, reason=item["reason"],
+                      retryable=item.get("retryable", True))
+    return Released(claim=claim, delay=item.get("delay", 0.0))
+
+
+def _not_settled(call: Call, item: Mapping[str, Any], error: Exception) -> dict[str, Any]:
+    """The answer to an item that was not committed now: its replay, if the same outcome
+    of the same claim committed before, else its problem."""
+    if isinstance(error, Fenced):
+        state = _replayed(call, item["task_id"], item["fence"], item["outcome"])
+        if state is not None:
+            return {"task_id": item["task_id"], "state": state.value, "replay": True,
+                    "waits": []}
+    problem = error if isinstance(error, Problem) else problem_for(
+        error if isinstance(error, PostroomError) else PostroomError(str(error)))
+    return {"task_id": item["task_id"], "problem": problem.document()}
+
+
+def _renumbered(error: Exception, place: int, index: int) -> Exception:
+    """``error`` as the store raised it for its item ``place``, naming the request's item
+    ``index`` instead (the refused items were not sent to the store)."""
+    was, now = f"outcomes[{place}]", f"outcomes[{index}]"
+    if isinstance(error, InvalidInput) and error.field.startswith(was):
+        return InvalidInput(now + error.field[len(was):], error.problem)
+    if isinstance(error, Unauthorized) and str(error).startswith(was):
+        return Unauthorized(now + str(error)[len(was):])
+    return error
 
 
 # -- waits and signals ----------------------------------------------------------------------

@@ -99,6 +99,8 @@ ROUTES: tuple[Route, ...] = (
           body=api.FAIL_BODY, answers={200: api.RESULT}, tag="work"),
     Route(method="POST", path=f"{TASK}/release", handler=api.release, roles=WORKER,
           body=api.RELEASE_BODY, answers={200: api.RESULT}, tag="work"),
+    Route(method="POST", path="/v1/settlements", handler=api.settle, roles=WORKER,
+          body=api.SETTLE_BODY, answers={200: api.SETTLED}, tag="work"),
     # waits
     Route(method="POST", path="/v1/waits", handler=api.open_wait, roles=OPENERS,
           body=api.OPEN_WAIT_BODY, answers={200: api.RESULT}, tag="waits"),
