@@ -655,6 +655,12 @@ class RemoteWorker:
             for claim in claims:
                 assert start is not None
                 start(claim)  # in the slot a settled task left
+            # Only now are the settled ones let go: the tasks held never run out while
+            # their successors start, so no outcome can come after the end is announced.
+            with self._changed:
+                for held, _, _ in batch:
+                    self._held.pop(held.task_id, None)
+                self._changed.notify_all()
             for _ in range(len(batch) - len(claims) if start is not None else 0):
                 self._slots.release()
 
@@ -689,10 +695,6 @@ class RemoteWorker:
                 break
             sending = [instead for outcome, result in zip(sending, results, strict=True)
                        if (instead := self._after(outcome, result)) is not None]
-        with self._changed:
-            for held, _, _ in batch:
-                self._held.pop(held.task_id, None)
-            self._changed.notify_all()
         return claims
 
     def _after(self, outcome: Finished | Failed | Released,
