@@ -482,6 +482,8 @@ class AsyncClient(_Api):
 
 #: The most tasks the service hands out, or takes outcomes of, in one request.
 _MOST_PER_REQUEST = 100
+#: The status of a request body over the service's limit.
+_TOO_LARGE = 413
 
 #: A handler's outcome, with the claim and context it ran under.
 _Done = tuple[Claim, Context, Finished | Failed | Released]
@@ -677,12 +679,8 @@ class RemoteWorker:
         failures = 0
         while sending:
             try:
-                if claim:
-                    results, claims = self.client.settle_and_claim(
-                        sending, claim, queues=self.queues, lease=self.lease)
-                    claim = 0
-                else:
-                    results = self.client.settle_many(sending)
+                results, claimed = self._commit(sending, claim)
+                claims, claim = claims + claimed, 0
             except (httpx.HTTPError, ServiceError) as exc:
                 failures += 1
                 _log.warning("committing outcomes failed; trying again: %s", exc)
@@ -696,6 +694,28 @@ class RemoteWorker:
             sending = [instead for outcome, result in zip(sending, results, strict=True)
                        if (instead := self._after(outcome, result)) is not None]
         return claims
+
+    def _commit(self, sending: list[Finished | Failed | Released],
+                claim: int) -> tuple[list[Settled], list[Claim]]:
+        """One request committing ``sending`` (and claiming up to ``claim`` tasks). Outcomes
+        together too large for the service's body limit are sent in halves; one too large
+        alone is refused as an input (so a finish fails its attempt instead)."""
+        try:
+            if claim:
+                answer: tuple[list[Settled], list[Claim]] = self.client.settle_and_claim(
+                    sending, claim, queues=self.queues, lease=self.lease)
+                return answer
+            return self.client.settle_many(sending), []
+        except ServiceError as exc:
+            if exc.status != _TOO_LARGE:
+                raise
+            if len(sending) == 1:
+                return [Settled(task_id=sending[0].claim.task_id, error=InvalidInput(
+                    "body", "the outcome is larger than the service takes"))], []
+            half = len(sending) // 2
+            first, claims = self._commit(sending[:half], claim)
+            rest, _ = self._commit(sending[half:], 0)
+            return first + rest, claims
 
     def _after(self, outcome: Finished | Failed | Released,
                result: Settled) -> Failed | None:

@@ -233,3 +233,16 @@ def test_a_remote_worker_whose_principal_is_revoked_stops_and_raises(service):
     with pytest.raises(postroom.Unauthorized):
         worker.run_once()
     assert service.store.task(task_id).state == "running"  # its lease will run out
+
+
+def test_a_remote_worker_sends_outcomes_too_large_for_one_request_in_parts(service):
+    app = App()
+    app.handler("default")(lambda payload, ctx: "x" * 60_000)  # 5 of them pass 256 KiB
+    task_ids = submitted(service, 5)
+    transport = CountingTransport()
+    with Client(service.url, service.tokens["wendy"], retries=0, transport=transport) as client:
+        worker = RemoteWorker(client, app, batch=5)
+        worker.run_once()
+    assert transport.paths.count("/v1/settlements") == 3  # all five, then two and three
+    assert worker.settled["finish"] == 5
+    assert {service.store.task(task_id).state for task_id in task_ids} == {"done"}
