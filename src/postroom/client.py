@@ -51,7 +51,7 @@ from postroom.models import (
     TaskState,
     WaitOpening,
 )
-from postroom.runtime.handlers import App, Context, PermanentFailure
+from postroom.runtime.handlers import App, Context, PermanentFailure, refused_finish
 
 __all__ = ["AsyncClient", "Client", "RemoteWorker", "ServiceError"]
 
@@ -725,7 +725,7 @@ class RemoteWorker:
         elif isinstance(result.error, Fenced):
             self._count("fenced")
         elif isinstance(outcome, Finished):
-            return _refused_finish(outcome, result.error)
+            return refused_finish(outcome, result.error)
         else:
             _log.warning("outcome of %s refused, its lease will run out: %s",
                          outcome.claim.task_id, result.error)
@@ -776,12 +776,5 @@ def _sendable(outcome: Finished | Failed | Released) -> Finished | Failed | Rele
         try:
             json.dumps(outcome.result, allow_nan=False)
         except (TypeError, ValueError) as exc:
-            return _refused_finish(outcome, InvalidInput("result", f"is not JSON: {exc}"))
+            return refused_finish(outcome, InvalidInput("result", f"is not JSON: {exc}"))
     return outcome
-
-
-def _refused_finish(outcome: Finished, error: Exception) -> Failed:
-    """The attempt fails instead of a refused finish: for good when retrying cannot change
-    it (an input refused)."""
-    return Failed(claim=outcome.claim, retryable=not isinstance(error, InvalidInput),
-                  reason=f"finish refused: {type(error).__name__}: {error}"[:4096])

@@ -233,15 +233,11 @@ def _visible_wait(call: Call, generation: int | None = None) -> Wait:
 
 def _claim_of(call: Call) -> Claim:
     """The claim the calling worker holds on the path's task at the body's fence."""
-    return _held(call, call.params["task_id"], call.body["fence"])
-
-
-def _held(call: Call, task_id: str, fence: int) -> Claim:
-    """The claim the calling worker holds on ``task_id`` at ``fence``."""
     try:
-        return _holding(call, call.store.task(task_id), fence)
+        task: Task | None = call.store.task(call.params["task_id"])
     except NotFound:
-        raise NOT_FOUND from None
+        task = None
+    return _holding(call, task, call.body["fence"])
 
 
 def _holding(call: Call, task: Task | None, fence: int) -> Claim:

@@ -36,6 +36,8 @@ from postroom.models import (
     ApprovalRequest,
     Claim,
     Continuation,
+    Failed,
+    Finished,
     FollowUp,
     OpenWait,
     SideEffect,
@@ -43,7 +45,11 @@ from postroom.models import (
 from postroom.runtime.duty import check_interval
 from postroom.validation import DEFAULT_LIMITS, check_text
 
-__all__ = ["App", "Context", "Handler", "HandlerSpec", "PermanentFailure", "Resumer"]
+__all__ = ["App", "Context", "Handler", "HandlerSpec", "PermanentFailure", "Resumer",
+           "failure_reason", "refused_finish"]
+
+#: How much of a failure's text is kept as the task's error (the store takes up to 4 KiB).
+_REASON_CHARS = 1000
 
 #: A queue's handler: ``handler(payload, ctx) -> result``, plain or ``async def``.
 Handler = Callable[[dict[str, Any], "Context"], Any]
@@ -348,3 +354,16 @@ class Context:
     def waits(self) -> tuple[OpenWait, ...]:
         """The waits asked for so far."""
         return tuple(self._waits)
+
+
+def failure_reason(text: str) -> str:
+    """``text`` as a failed attempt's reason: cut to ``_REASON_CHARS`` characters."""
+    return text if len(text) <= _REASON_CHARS else text[:_REASON_CHARS - 1] + "…"
+
+
+def refused_finish(finished: Finished, error: BaseException) -> Failed:
+    """What a worker commits instead of a finish the store refused as a whole (a result
+    that is not JSON, a follow-up or a wait that cannot be): the attempt fails, for good
+    when retrying cannot change it (an input refused)."""
+    return Failed(claim=finished.claim, retryable=not isinstance(error, InvalidInput),
+                  reason=failure_reason(f"finish refused: {type(error).__name__}: {error}"))

@@ -58,7 +58,14 @@ from postroom.models import Claim, Failed, Finished, Released, Settled, Settleme
 from postroom.runtime.continuations import ContinuationRunner
 from postroom.runtime.deadlines import DeadlineSweeper
 from postroom.runtime.duty import Duties, Duty, check_interval
-from postroom.runtime.handlers import App, Context, HandlerSpec, PermanentFailure
+from postroom.runtime.handlers import (
+    App,
+    Context,
+    HandlerSpec,
+    PermanentFailure,
+    failure_reason,
+    refused_finish,
+)
 from postroom.runtime.pruner import Pruner
 from postroom.runtime.rescuer import LeaseRescuer
 from postroom.runtime.scheduler import Scheduler
@@ -71,8 +78,6 @@ __all__ = ["QUICK_HANDLER", "Worker", "WorkerSettings", "WorkerStats", "default_
 
 _log = log.get("worker")
 
-#: How much of a failure's text is kept as the task's error (the store takes up to 4 KiB).
-_REASON_CHARS = 1000
 #: Seconds: while its handlers' run time averages under this, a worker with the default
 #: prefetch claims up to ``concurrency`` tasks beyond its free slots. A prefetched task then
 #: waits for about one such handler, and the commits that hand out work are twice as full.
@@ -702,18 +707,14 @@ class Worker:
                 stats.retried += 1
             return None
         error = result.error
+        assert error is not None  # not ok
         if isinstance(error, Fenced):
             stats.abandoned += 1
             log.event(_log, logging.DEBUG, "outcome fenced: abandoned", task_id=held.claim.task_id,
                       owner=self.owner, fence=held.claim.fence, last_error=str(error))
             return None
         if isinstance(outcome, Finished):
-            # The finish was refused as a whole (a result that is not JSON, a follow-up or a
-            # wait that cannot be): the attempt fails instead, for good when retrying cannot
-            # change it.
-            retryable = not isinstance(error, InvalidInput)
-            return Failed(claim=held.claim, retryable=retryable,
-                          reason=_reason(f"finish refused: {type(error).__name__}: {error}"))
+            return refused_finish(outcome, error)
         stats.abandoned += 1
         log.event(_log, logging.WARNING, "outcome refused: the lease will run out",
                   task_id=held.claim.task_id, owner=self.owner, fence=held.claim.fence,
@@ -798,11 +799,11 @@ def _outcome(claim: Claim, ctx: Context, run: Callable[[], Any]) -> Settlement |
     try:
         result = run()
     except PermanentFailure as exc:
-        return Failed(claim=claim, reason=_reason(_described(exc)), retryable=False)
+        return Failed(claim=claim, reason=failure_reason(_described(exc)), retryable=False)
     except Fenced:
         return None
     except Exception as exc:
-        return Failed(claim=claim, reason=_reason(_described(exc)), retryable=True)
+        return Failed(claim=claim, reason=failure_reason(_described(exc)), retryable=True)
     return Finished(claim=claim, result=result, follow_ups=ctx.follow_ups, waits=ctx.waits,
                     charge=ctx.charged, side_effects=ctx.side_effects)
 
@@ -818,7 +819,4 @@ def _described(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
-
-def _reason(text: str) -> str:
-    return text if len(text) <= _REASON_CHARS else text[:_REASON_CHARS - 1] + "…"
 
