@@ -23,7 +23,7 @@ its tasks leased to nobody who knows; they return to the queue when the lease en
 from __future__ import annotations
 
 import asyncio
-import inspect
+import concurrent.futures
 import json
 import logging
 import queue
@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 from urllib.parse import quote
 
@@ -51,7 +51,7 @@ from postroom.models import (
     TaskState,
     WaitOpening,
 )
-from postroom.runtime.handlers import App, Context, PermanentFailure, refused_finish
+from postroom.runtime.handlers import App, Context, EventLoopThread, outcome_of, refused_finish
 
 __all__ = ["AsyncClient", "Client", "RemoteWorker", "ServiceError"]
 
@@ -141,7 +141,8 @@ def _outcome_body(outcome: Finished | Failed | Released) -> dict[str, Any]:
         return {"fence": fence, "result": outcome.result,
                 "follow_ups": [_given(**asdict(follow_up)) for follow_up in outcome.follow_ups],
                 "waits": [_given(**asdict(wait)) for wait in outcome.waits],
-                "side_effects": [asdict(effect) for effect in outcome.side_effects]}
+                "side_effects": [asdict(effect) for effect in outcome.side_effects],
+                "charge": outcome.charge}
     if isinstance(outcome, Failed):
         return {"fence": fence, "reason": outcome.reason, "retryable": outcome.retryable}
     return {"fence": fence, "delay": outcome.delay}
@@ -155,20 +156,34 @@ def _settlement(outcomes: Sequence[Finished | Failed | Released]) -> dict[str, A
                           **_outcome_body(outcome)} for outcome in outcomes]}
 
 
+def _item_error(task_id: str, problem: dict[str, Any]) -> PostroomError:
+    """The error of an item of a batch that the service refused on its own."""
+    return _problem_error(int(problem.get("status", 500)), problem, _task(task_id))
+
+
 def _settled(answer: Any) -> list[Settled]:
     """A settlement's answer, one ``Settled`` per outcome as ``Store.settle`` returns."""
     found: list[Settled] = []
     for item in answer["settled"]:
         task_id = item["task_id"]
         if "problem" in item:
-            problem = item["problem"]
-            found.append(Settled(task_id=task_id, error=_problem_error(
-                int(problem.get("status", 500)), problem, _task(task_id))))
+            found.append(Settled(task_id=task_id, error=_item_error(task_id, item["problem"])))
         else:
             found.append(Settled(task_id=task_id, state=TaskState(item["state"]),
                                  openings=tuple(WaitOpening(**{
                                      **opening, "result": OpenResult(opening["result"])})
                                      for opening in item.get("waits", ()))))
+    return found
+
+
+def _renewed(claims: list[Claim], answer: Any) -> list[Claim | PostroomError]:
+    """A renewal's answer: each claim with its new lease, or the error that refused it."""
+    found: list[Claim | PostroomError] = []
+    for claim, item in zip(claims, answer["renewed"], strict=True):
+        if "problem" in item:
+            found.append(_item_error(claim.task_id, item["problem"]))
+        else:
+            found.append(replace(claim, lease_until=item["lease_until"]))
     return found
 
 
@@ -230,6 +245,16 @@ class _Api:
         """Extend a claim's lease: ``{"lease_until": ...}``; ``Fenced`` if it is lost."""
         return self._send(_Op("POST", _task(claim.task_id, "/renew"),
                               _given(fence=claim.fence, lease=lease)))
+
+    def renew_many(self, claims: Sequence[Claim], *, lease: float | None = None) -> Any:
+        """Extend many claims' leases with one request and one transaction: one answer per
+        claim, in order, the claim with its new ``lease_until`` or the error that refused it
+        on its own (``Fenced`` for a lost lease, ...)."""
+        given = list(claims)
+        body = {"claims": [{"task_id": claim.task_id, "fence": claim.fence} for claim in given],
+                **_given(lease=lease)}
+        return self._send(_Op("POST", "/v1/renewals", body,
+                              read=lambda answer: _renewed(given, answer)))
 
     def settle(self, outcome: Finished | Failed | Released) -> Any:
         """Commit a handler's outcome (``Finished``, ``Failed`` or ``Released``)."""
@@ -486,18 +511,19 @@ _MOST_PER_REQUEST = 100
 _TOO_LARGE = 413
 
 #: A handler's outcome, with the claim and context it ran under.
-_Done = tuple[Claim, Context, Finished | Failed | Released]
+_Done = tuple[Claim, Context, Finished | Failed | Released | None]
 
 
 class RemoteWorker:
     """Runs ``app``'s handlers for the tasks a worker principal claims over HTTP.
 
-    Up to ``concurrency`` handlers run at once, each on a thread of its own (an ``async
-    def`` one on an event loop of that thread), as the local worker runs them (``Context``,
-    ``PermanentFailure``). One thread renews every held lease each third of it, and one
-    commits the outcomes as they come, all those waiting with one request
-    (``settle_many``), naming only each task and fence; a slot is free again once its
-    outcome is committed. A lost lease (``Fenced``) abandons the work: whatever it would
+    Up to ``concurrency`` handlers run at once, each on a thread of its own (``async def``
+    ones all on one event loop, which the next ones share), as the local worker runs them
+    (``Context``, ``PermanentFailure``, ``ctx.charge``). One thread renews every held lease
+    each third of it with one request (``renew_many``), and one commits the outcomes as
+    they come, all those waiting with one request (``settle_many``), naming only each task
+    and fence; a slot is free again once its outcome is committed. A lost lease abandons
+    the work (``ctx.cancelled`` is set, a coroutine is cancelled): whatever it would
     commit is refused anyway. A finish the service refuses (a result that is not JSON, a
     follow-up that collides, a wait that cannot open) fails the attempt instead, as the
     local worker does. A request that fails is sent again (outcomes name their claims, so
@@ -530,6 +556,8 @@ class RemoteWorker:
         self._changed = threading.Condition(self._lock)  # a held task was settled
         self._held: dict[str, tuple[Claim, Context]] = {}
         self._refused: PostroomError | None = None
+        self._loop: EventLoopThread | None = None
+        self._coroutines: dict[str, concurrent.futures.Future[Any]] = {}
 
     def stop(self) -> None:
         """Stop claiming; the tasks in hand still finish and are settled."""
@@ -537,14 +565,17 @@ class RemoteWorker:
 
     def run(self) -> None:
         """Claim and work until ``stop()``; returns once the tasks in hand are settled."""
-        with self._working(gathered=False) as work:
-            while not self._stopping.is_set():
-                free = self._free_slots()
-                claims = self._claim(free, wait=self.poll) if free else []
-                for _ in range(free - len(claims)):
-                    self._slots.release()
-                for claim in claims:
-                    work(claim)
+        try:
+            with self._working(gathered=False) as work:
+                while not self._stopping.is_set():
+                    free = self._free_slots()
+                    claims = self._claim(free, wait=self.poll) if free else []
+                    for _ in range(free - len(claims)):
+                        self._slots.release()
+                    for claim in claims:
+                        work(claim)
+        finally:
+            self.close()
 
     def run_once(self, *, wait: float = 0.0) -> int:
         """Claim up to ``batch`` tasks (waiting up to ``wait`` seconds), work them, at most
@@ -671,7 +702,7 @@ class RemoteWorker:
         request): the tasks claimed."""
         sending: list[Finished | Failed | Released] = []
         for _, context, outcome in batch:
-            if context.cancelled:
+            if outcome is None or context.cancelled:
                 self._count("fenced")
             else:
                 sending.append(_sendable(outcome))
@@ -737,36 +768,68 @@ class RemoteWorker:
 
     # -- running and renewing -----------------------------------------------------------------
 
-    def _run(self, claim: Claim, context: Context) -> Finished | Failed | Released:
+    def _run(self, claim: Claim, context: Context) -> Finished | Failed | Released | None:
+        """Run the claim's handler (an ``async def`` one on the worker's event loop): its
+        outcome, or ``None`` if it was abandoned (``Fenced``, or cancelled with its lease)."""
         spec = self.app.handler_for(claim.queue)
         if spec is None:
             return Released(claim=claim, delay=self.poll)
+        if not spec.is_async:
+            return outcome_of(claim, context, lambda: spec.function(claim.payload, context))
+        running = self._event_loop().submit(spec.function(claim.payload, context))
+        with self._lock:
+            self._coroutines[claim.task_id] = running
         try:
-            if inspect.iscoroutinefunction(spec.function):
-                result = asyncio.run(spec.function(claim.payload, context))
-            else:
-                result = spec.function(claim.payload, context)
-        except PermanentFailure as exc:
-            return Failed(claim=claim, reason=str(exc) or "permanent failure",
-                          retryable=False)
-        except Exception as exc:  # any other exception is a retryable failure
-            return Failed(claim=claim, reason=f"{type(exc).__name__}: {exc}"[:4096] or "error")
-        return Finished(claim=claim, result=result, follow_ups=context.follow_ups,
-                        waits=context.waits, side_effects=context.side_effects)
+            return outcome_of(claim, context, running.result)
+        except concurrent.futures.CancelledError:
+            return None  # its lease was lost (see ``_renew_loop``)
+        finally:
+            with self._lock:
+                self._coroutines.pop(claim.task_id, None)
+
+    def _event_loop(self) -> EventLoopThread:
+        with self._lock:
+            if self._loop is None:
+                self._loop = EventLoopThread("postroom-remote-event-loop")
+            return self._loop
+
+    def close(self) -> None:
+        """Stop the event loop the ``async def`` handlers ran on (``run`` does this when it
+        returns; ``run_once`` keeps it for the next round)."""
+        with self._lock:
+            loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.stop()
 
     def _renew_loop(self, ended: threading.Event) -> None:
+        """Every third of the lease, renew every lease held with one request (per
+        ``_MOST_PER_REQUEST``); a claim found lost is abandoned: its context is cancelled,
+        and so is its coroutine."""
         while not ended.wait(self.lease / 3):
             with self._lock:
-                held = list(self._held.values())
-            for claim, context in held:
-                if context.cancelled:
-                    continue
+                held = [(claim, context) for claim, context in self._held.values()
+                        if not context.cancelled]
+            for start in range(0, len(held), _MOST_PER_REQUEST):
+                part = held[start:start + _MOST_PER_REQUEST]
                 try:
-                    self.client.renew(claim, lease=self.lease)
-                except Fenced:
-                    context.cancellation.set()
-                except (PostroomError, httpx.HTTPError):
-                    _log.warning("renewing %s failed; trying again", claim.task_id)
+                    answers = self.client.renew_many([claim for claim, _ in part],
+                                                     lease=self.lease)
+                except (PostroomError, httpx.HTTPError) as exc:
+                    _log.warning("renewing %d leases failed; trying again: %s", len(part), exc)
+                    continue
+                for (claim, context), answer in zip(part, answers, strict=True):
+                    if isinstance(answer, (Fenced, NotFound)):
+                        self._abandon(claim, context)
+                    elif isinstance(answer, PostroomError):
+                        _log.warning("renewing %s failed; trying again: %s", claim.task_id,
+                                     answer)
+
+    def _abandon(self, claim: Claim, context: Context) -> None:
+        context.cancellation.set()
+        with self._lock:
+            running = self._coroutines.get(claim.task_id)
+        if running is not None:
+            running.cancel()
 
 
 def _sendable(outcome: Finished | Failed | Released) -> Finished | Failed | Released:

@@ -311,6 +311,23 @@ def test_a_settlement_claims_only_from_the_queues_the_worker_is_granted(service)
     assert service.store.task(held["task_id"]).state == "running"
 
 
+def test_renewals_move_each_lease_held_and_answer_each_other_in_its_place(service):
+    held, stale = held_tasks(service, 2)
+    answer = service.http("wendy").post("/v1/renewals", json={"lease": 90, "claims": [
+        {"task_id": held["task_id"], "fence": held["fence"]},
+        {"task_id": stale["task_id"], "fence": stale["fence"] + 1},
+        {"task_id": "0" * 64, "fence": 1}]})
+    assert answer.status_code == 200, answer.text
+    renewed, lost, unknown = answer.json()["renewed"]
+    assert renewed == {"task_id": held["task_id"], "fence": held["fence"],
+                       "lease_until": START + 90}
+    assert (lost["task_id"], lost["problem"]["type"]) == (stale["task_id"],
+                                                         "/problems/lease-lost")
+    assert unknown["problem"]["status"] == 404
+    assert service.store.task(held["task_id"]).lease_until == START + 90
+    assert service.store.task(stale["task_id"]).lease_until != START + 90
+
+
 def test_a_renewal_moves_the_lease(service):
     with service.http("alice") as http:
         task_id = submit(http).json()["task_id"]

@@ -128,7 +128,7 @@ def allowed(route: str, caller: str | None, target: Any) -> bool:
         return kind == "operator" or (kind == "agent" and target == caller)
     if route in {"claim", "open_wait"}:
         return kind == "worker" or (route == "open_wait" and kind == "operator")
-    if route in ("renew", "finish", "fail", "release", "settle"):
+    if route in ("renew", "renew_many", "finish", "fail", "release", "settle"):
         return kind == "worker" and target == caller
     if route in ("list_waits", "get_wait"):
         return kind == "operator" or (kind == "human" and target in (caller, "-"))
@@ -218,6 +218,8 @@ def calls(route: str, world: World, caller: str | None) -> dict[Any, Call]:
         "finish": lambda: on_claims("finish", {"result": {"ok": True}}),
         "fail": lambda: on_claims("fail", {"reason": "no"}),
         "release": lambda: on_claims("release", {}),
+        "renew_many": lambda: {holder: Call("/v1/renewals", {"claims": [
+            {"task_id": task_id, "fence": fence}]}) for holder, task_id, fence in held()},
         "settle": lambda: {holder: Call("/v1/settlements", {"outcomes": [
             {"outcome": "finish", "task_id": task_id, "fence": fence, "result": None}]})
             for holder, task_id, fence in held()},
@@ -234,10 +236,11 @@ def calls(route: str, world: World, caller: str | None) -> dict[Any, Call]:
 
 
 def verdict(route: str, answer: httpx.Response) -> tuple[int, bytes]:
-    """The status and body a call was answered with; for a settlement (whose items are
-    answered one by one), those of its one item's problem, if it has one."""
-    if route == "settle" and answer.status_code == 200:
-        [item] = answer.json()["settled"]
+    """The status and body a call was answered with; for a settlement or a renewal (whose
+    items are answered one by one), those of its one item's problem, if it has one."""
+    items = {"settle": "settled", "renew_many": "renewed"}.get(route)
+    if items is not None and answer.status_code == 200:
+        [item] = answer.json()[items]
         if "problem" in item:
             return int(item["problem"]["status"]), json.dumps(item["problem"]).encode()
     return answer.status_code, answer.content

@@ -246,3 +246,78 @@ def test_a_remote_worker_sends_outcomes_too_large_for_one_request_in_parts(servi
     assert transport.paths.count("/v1/settlements") == 3  # all five, then two and three
     assert worker.settled["finish"] == 5
     assert {service.store.task(task_id).state for task_id in task_ids} == {"done"}
+
+
+def test_a_remote_worker_renews_every_lease_it_holds_with_one_request(service):
+    app, transport = App(), CountingTransport()
+    renewed = threading.Event()
+
+    @app.handler("default")
+    def handle(payload: dict, ctx: Context) -> str:
+        assert renewed.wait(30)
+        return "ok"
+
+    def watch() -> None:  # lets the handlers end once a renewal went out
+        while "/v1/renewals" not in transport.paths:
+            threading.Event().wait(0.01)
+        renewed.set()
+
+    task_ids = submitted(service, 3)
+    threading.Thread(target=watch, daemon=True).start()
+    with Client(service.url, service.tokens["wendy"], retries=0, transport=transport) as client:
+        RemoteWorker(client, app, batch=3, lease=0.3).run_once()
+    renewals = [path for path in transport.paths if "renew" in path]
+    assert renewals and set(renewals) == {"/v1/renewals"}
+    assert {service.store.task(task_id).state for task_id in task_ids} == {"done"}
+
+
+def test_a_remote_workers_coroutines_share_one_event_loop(service):
+    app, loops = App(), set()
+
+    @app.handler("default")
+    async def handle(payload: dict, ctx: Context) -> int:
+        loops.add(asyncio.get_running_loop())
+        await asyncio.sleep(0)
+        return payload["n"]
+
+    task_ids = submitted(service, 4)
+    worker = RemoteWorker(service.client("wendy"), app, batch=2)
+    assert worker.run_once() == 2 and worker.run_once() == 2
+    worker.close()
+    assert len(loops) == 1
+    assert [service.store.task(task_id).result for task_id in task_ids] == [0, 1, 2, 3]
+
+
+def test_a_remote_worker_cancels_the_coroutine_of_a_claim_it_lost(service):
+    app, ends = App(), []
+
+    @app.handler("default")
+    async def handle(payload: dict, ctx: Context) -> None:
+        service.store.cancel(ctx.task_id)  # an operator cancels it while it runs
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            ends.append(("cancelled", ctx.cancelled))
+            raise
+
+    [task_id] = submitted(service, 1)
+    worker = RemoteWorker(service.client("wendy"), app, lease=0.3)
+    worker.run_once()
+    worker.close()
+    assert ends == [("cancelled", True)]
+    assert worker.settled["fenced"] == 1
+    assert service.store.task(task_id).state == "cancelled"
+
+
+def test_a_remote_handlers_charge_is_spent_from_its_chains_budget(service):
+    app = App()
+
+    @app.handler("default")
+    def costly(payload: dict, ctx: Context) -> str:
+        ctx.charge(3)
+        return "charged"
+
+    ack = service.client("alice").submit("c-1", {"n": 1}, deadline=DEADLINE)
+    RemoteWorker(service.client("wendy"), app).run_once()
+    assert service.store.task(ack.task_id).state == "done"
+    assert service.store.chain(ack.task_id).cost == 3

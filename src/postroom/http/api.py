@@ -57,7 +57,7 @@ from postroom.principals import (
     may_read_wait,
     may_work,
 )
-from postroom.validation import is_decimal
+from postroom.validation import MAX_CHAIN_BUDGET, is_decimal
 
 __all__ = ["owner_of", "plain"]
 
@@ -116,19 +116,27 @@ ASK = obj({**TERMS, "expires_at": number(), "max_uses": integer(1, 10_000)},
 SIDE_EFFECT = obj({**TERMS, "approval_id": nullable(APPROVAL_ID)},
                   required=("action", "resource", "data"))
 RENEW_BODY = obj({"fence": FENCE, "lease": LEASE}, required=("fence",))
+RENEWALS_BODY = obj({"claims": array(obj({"task_id": TASK_ID, "fence": FENCE},
+                                         required=("task_id", "fence")),
+                                     max_items=MAX_CLAIMS, min_items=1),
+                     "lease": LEASE}, required=("claims",))
+RENEWED = obj({"renewed": array(obj({"task_id": {"type": "string"}}, required=("task_id",),
+                                    closed=False), max_items=MAX_CLAIMS)},
+              required=("renewed",))
 FINISH_BODY = obj({"fence": FENCE, "result": ANY,
                    "follow_ups": array(FOLLOW_UP, max_items=100),
                    "waits": array(obj({**OPEN_WAIT["properties"], "approval": nullable(ASK),
                                        "children": boolean()},
                                       required=("flow", "step", "deadline")), max_items=16),
-                   "side_effects": array(SIDE_EFFECT, max_items=16)}, required=("fence",))
+                   "side_effects": array(SIDE_EFFECT, max_items=16),
+                   "charge": integer(0, MAX_CHAIN_BUDGET)}, required=("fence",))
 FAIL_BODY = obj({"fence": FENCE, "reason": REASON, "retryable": boolean()},
                 required=("fence", "reason"))
 RELEASE_BODY = obj({"fence": FENCE, "delay": number(minimum=0, maximum=365 * 86_400)},
                    required=("fence",))
 #: What each outcome of a settlement may carry beside its task, fence and kind.
 OUTCOME_FIELDS: Mapping[str, tuple[str, ...]] = {
-    "finish": ("result", "follow_ups", "waits", "side_effects"),
+    "finish": ("result", "follow_ups", "waits", "side_effects", "charge"),
     "fail": ("reason", "retryable"),
     "release": ("delay",),
 }
@@ -403,8 +411,39 @@ def claim(call: Call) -> Answer:
 def renew(call: Call) -> Answer:
     """Extend the lease of the caller's claim on a task (``fence`` names the claim)."""
     renewed = call.store.renew(_claim_of(call), lease=call.body.get("lease"))
-    return Answer(body={"task_id": renewed.task_id, "fence": renewed.fence,
-                        "lease_until": renewed.lease_until})
+    return Answer(body=_lease_json(renewed))
+
+
+def renew_many(call: Call) -> Answer:
+    """Extend the leases of many of the caller's claims in one transaction: a remote
+    worker's renewal of every task it holds. Each item names its task and the claim's
+    ``fence``, and is answered in its place: its new ``lease_until``, or its problem
+    (``lease-lost``, ``not-found``), which costs the others nothing."""
+    items = call.body["claims"]
+    answers: dict[int, dict[str, Any]] = {}
+    held: list[tuple[int, Claim]] = []
+    stored = call.store.tasks_of(item["task_id"] for item in items)
+    for index, (item, task) in enumerate(zip(items, stored, strict=True)):
+        try:
+            held.append((index, _holding(call, task, item["fence"])))
+        except (Problem, PostroomError) as exc:
+            answers[index] = _refused(item["task_id"], exc)
+    renewed = call.store.renew_all([claim for _, claim in held], lease=call.body.get("lease"))
+    for (index, claim), result in zip(held, renewed, strict=True):
+        answers[index] = (_lease_json(result) if isinstance(result, Claim)
+                          else _refused(claim.task_id, result))
+    return Answer(body={"renewed": [answers[index] for index in range(len(items))]})
+
+
+def _lease_json(claim: Claim) -> dict[str, Any]:
+    return {"task_id": claim.task_id, "fence": claim.fence, "lease_until": claim.lease_until}
+
+
+def _refused(task_id: str, error: Exception) -> dict[str, Any]:
+    """The answer to an item of a batch that was refused on its own: its problem."""
+    problem = error if isinstance(error, Problem) else problem_for(
+        error if isinstance(error, PostroomError) else PostroomError(str(error)))
+    return {"task_id": task_id, "problem": problem.document()}
 
 
 #: What each outcome's attempt ended as, and the task's state it answers.
@@ -438,20 +477,22 @@ def _replayed(call: Call, task_id: str, fence: int, kind: str) -> TaskState | No
 
 
 def _finishing(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A finish's follow-ups, waits and side effects, as ``Store.finish`` takes them."""
+    """A finish's follow-ups, waits, side effects and charge, as ``Store.finish`` takes
+    them."""
     return {"follow_ups": [FollowUp(**item) for item in body.get("follow_ups", ())],
             "waits": [OpenWait(**{**item, "approval": None if item.get("approval") is None
                                   else ApprovalRequest(**item["approval"])})
                       for item in body.get("waits", ())],
-            "side_effects": [SideEffect(**item) for item in body.get("side_effects", ())]}
+            "side_effects": [SideEffect(**item) for item in body.get("side_effects", ())],
+            "charge": body.get("charge", 0)}
 
 
 def finish(call: Call) -> Answer:
     """Finish the caller's claim on a task with ``result``; its follow-ups, its waits (each
     may ask its responder for an ``approval``) and its declared ``side_effects`` commit with
     it: each side effect consumes a use of a human's approval, or the finish is refused 403
-    ``not-approved`` and writes nothing. A retry after a lost answer is answered
-    ``replay: true``."""
+    ``not-approved`` and writes nothing; its ``charge`` (cost units) is charged to its
+    chain's budget first. A retry after a lost answer is answered ``replay: true``."""
     finishing = _finishing(call.body)
 
     def commit(claim: Claim) -> Answer:
@@ -548,9 +589,7 @@ def _not_settled(call: Call, item: Mapping[str, Any], error: Exception) -> dict[
         if state is not None:
             return {"task_id": item["task_id"], "state": state.value, "replay": True,
                     "waits": []}
-    problem = error if isinstance(error, Problem) else problem_for(
-        error if isinstance(error, PostroomError) else PostroomError(str(error)))
-    return {"task_id": item["task_id"], "problem": problem.document()}
+    return _refused(item["task_id"], error)
 
 
 def _renumbered(error: Exception, place: int, index: int) -> Exception:

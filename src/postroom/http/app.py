@@ -99,6 +99,8 @@ ROUTES: tuple[Route, ...] = (
           body=api.FAIL_BODY, answers={200: api.RESULT}, tag="work"),
     Route(method="POST", path=f"{TASK}/release", handler=api.release, roles=WORKER,
           body=api.RELEASE_BODY, answers={200: api.RESULT}, tag="work"),
+    Route(method="POST", path="/v1/renewals", handler=api.renew_many, roles=WORKER,
+          body=api.RENEWALS_BODY, answers={200: api.RENEWED}, tag="work"),
     Route(method="POST", path="/v1/settlements", handler=api.settle, roles=WORKER,
           body=api.SETTLE_BODY, answers={200: api.SETTLED}, tag="work"),
     # waits

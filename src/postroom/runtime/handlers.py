@@ -22,16 +22,19 @@ the continuation runner calls the resumer with the ``Continuation`` and commits 
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
 import importlib
 import inspect
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from postroom.errors import InvalidInput
+from postroom.errors import Fenced, InvalidInput
 from postroom.models import (
     ApprovalRequest,
     Claim,
@@ -45,8 +48,8 @@ from postroom.models import (
 from postroom.runtime.duty import check_interval
 from postroom.validation import DEFAULT_LIMITS, check_text
 
-__all__ = ["App", "Context", "Handler", "HandlerSpec", "PermanentFailure", "Resumer",
-           "failure_reason", "refused_finish"]
+__all__ = ["App", "Context", "EventLoopThread", "Handler", "HandlerSpec", "PermanentFailure",
+           "Resumer", "failure_reason", "outcome_of", "refused_finish"]
 
 #: How much of a failure's text is kept as the task's error (the store takes up to 4 KiB).
 _REASON_CHARS = 1000
@@ -367,3 +370,56 @@ def refused_finish(finished: Finished, error: BaseException) -> Failed:
     when retrying cannot change it (an input refused)."""
     return Failed(claim=finished.claim, retryable=not isinstance(error, InvalidInput),
                   reason=failure_reason(f"finish refused: {type(error).__name__}: {error}"))
+
+
+def outcome_of(claim: Claim, ctx: Context, run: Callable[[], Any]) -> Finished | Failed | None:
+    """What a handler's end means, ``run`` being its call (or what returns or raises its
+    coroutine's end): a finish with what it added to ``ctx``, a failure (permanent or
+    retryable), or nothing (``Fenced``: abandoned)."""
+    try:
+        result = run()
+    except PermanentFailure as exc:
+        return Failed(claim=claim, reason=failure_reason(_described(exc)), retryable=False)
+    except Fenced:
+        return None
+    except Exception as exc:
+        return Failed(claim=claim, reason=failure_reason(_described(exc)), retryable=True)
+    return Finished(claim=claim, result=result, follow_ups=ctx.follow_ups, waits=ctx.waits,
+                    charge=ctx.charged, side_effects=ctx.side_effects)
+
+
+def _described(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class EventLoopThread:
+    """One event loop on a thread of its own, where a worker runs every ``async def``
+    handler: what one coroutine leaves on the loop (an async HTTP client, a connection
+    pool, a lock) serves the next ones too, as it would in an asyncio program."""
+
+    def __init__(self, name: str = "postroom-event-loop") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name=name)
+        self._thread.start()
+
+    def submit(self, coroutine: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
+        """Run ``coroutine`` on the loop; cancelling the future cancels it."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    def stop(self) -> None:
+        """Cancel the coroutines still running, let them unwind (up to 5 s), then stop and
+        close the loop."""
+        async def cancel_the_rest() -> None:
+            others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in others:
+                task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
+
+        loop = self.loop
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(cancel_the_rest(), loop).result(5.0)
+        loop.call_soon_threadsafe(loop.stop)
+        self._thread.join(5.0)
+        if not self._thread.is_alive():
+            loop.close()

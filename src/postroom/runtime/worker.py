@@ -61,9 +61,9 @@ from postroom.runtime.duty import Duties, Duty, check_interval
 from postroom.runtime.handlers import (
     App,
     Context,
+    EventLoopThread,
     HandlerSpec,
-    PermanentFailure,
-    failure_reason,
+    outcome_of,
     refused_finish,
 )
 from postroom.runtime.pruner import Pruner
@@ -315,13 +315,12 @@ class Worker:
         self._outcomes: queue.SimpleQueue[tuple[_Held, Settlement] | None] = queue.SimpleQueue()
         self._pool = _Threads(settings.concurrency, "postroom-handler")
         self._coroutine_slots = asyncio.Semaphore(settings.concurrency)  # used on the loop
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop: EventLoopThread | None = None
         self._threads: list[threading.Thread] = []
         self._duties = Duties(duties if duties is not None else (
             self._default_duties() if settings.duties else []))
         self._settled = threading.Event()  # the settler ended
         self._waiter: Waiter | None = None
-        self._loop_thread: threading.Thread | None = None
 
     # -- running and stopping -----------------------------------------------------------------
 
@@ -332,7 +331,7 @@ class Worker:
         held is released.
         """
         if any(spec.is_async for spec in map(self._app.handler_for, self.queues) if spec):
-            self._start_loop()
+            self._loop = EventLoopThread()
         self._start(self._settle_loop, "settler")
         self._start(self._renew_loop, "renewer")
         if self._timeouts:
@@ -379,7 +378,7 @@ class Worker:
             thread.join(5.0)
         self._pool.shutdown()
         if self._loop is not None:
-            self._stop_loop(self._loop)
+            self._loop.stop()
         log.event(_log, logging.INFO, "worker stopped", owner=self.owner)
 
     # -- claiming -------------------------------------------------------------------------------
@@ -491,7 +490,7 @@ class Worker:
         assert spec is not None  # only the app's queues are claimed
         if spec.is_async:
             assert self._loop is not None
-            asyncio.run_coroutine_threadsafe(self._run_async(spec, held), self._loop)
+            self._loop.submit(self._run_async(spec, held))
         else:
             self._pool.submit(partial(self._run_sync, spec, held))
 
@@ -504,7 +503,7 @@ class Worker:
         began = self._started(held)
         ctx = Context(held.claim, held.cancellation)
         try:
-            outcome = _outcome(held.claim, ctx, lambda: spec.function(held.claim.payload, ctx))
+            outcome = outcome_of(held.claim, ctx, lambda: spec.function(held.claim.payload, ctx))
         except BaseException:  # pragma: no cover - _outcome catches every Exception
             outcome = None
         self._ended_one(held, outcome, ran=self._clock.now() - began)
@@ -526,11 +525,11 @@ class Worker:
             ctx = Context(held.claim, held.cancellation)
             try:
                 result = await spec.function(held.claim.payload, ctx)
-                outcome: Settlement | None = _outcome(held.claim, ctx, lambda: result)
+                outcome: Settlement | None = outcome_of(held.claim, ctx, lambda: result)
             except asyncio.CancelledError:
                 outcome = None  # cancelled because its claim is no longer current
             except BaseException as exc:  # every failure is an outcome
-                outcome = _outcome(held.claim, ctx, _raiser(exc))
+                outcome = outcome_of(held.claim, ctx, _raiser(exc))
             self._ended_one(held, outcome, ran=self._clock.now() - began)
         finally:
             self._coroutine_slots.release()
@@ -751,7 +750,7 @@ class Worker:
     def _cancel(self, held: _Held) -> None:
         held.cancellation.set()
         if held.task is not None and self._loop is not None:
-            self._loop.call_soon_threadsafe(held.task.cancel)
+            self._loop.loop.call_soon_threadsafe(held.task.cancel)
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -759,30 +758,6 @@ class Worker:
         thread = threading.Thread(target=target, name=f"postroom-{name}", daemon=True)
         thread.start()
         self._threads.append(thread)
-
-    def _start_loop(self) -> None:
-        loop = self._loop = asyncio.new_event_loop()
-        self._loop_thread = threading.Thread(target=loop.run_forever, daemon=True,
-                                             name="postroom-event-loop")
-        self._loop_thread.start()
-
-    def _stop_loop(self, loop: asyncio.AbstractEventLoop) -> None:
-        # Coroutines still running are past the grace period and their claims released:
-        # cancel them, let them unwind, then close the loop.
-        async def cancel_the_rest() -> None:
-            others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-            for task in others:
-                task.cancel()
-            await asyncio.gather(*others, return_exceptions=True)
-
-        with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(cancel_the_rest(), loop).result(5.0)
-        loop.call_soon_threadsafe(loop.stop)
-        thread = self._loop_thread
-        if thread is not None:
-            thread.join(5.0)
-            if not thread.is_alive():
-                loop.close()
 
     def _default_duties(self) -> list[Duty]:
         store = self._store
@@ -793,30 +768,8 @@ class Worker:
         return duties
 
 
-def _outcome(claim: Claim, ctx: Context, run: Callable[[], Any]) -> Settlement | None:
-    """What a handler's end means: a finish, a failure (permanent or retryable), or nothing
-    (``Fenced``: abandoned)."""
-    try:
-        result = run()
-    except PermanentFailure as exc:
-        return Failed(claim=claim, reason=failure_reason(_described(exc)), retryable=False)
-    except Fenced:
-        return None
-    except Exception as exc:
-        return Failed(claim=claim, reason=failure_reason(_described(exc)), retryable=True)
-    return Finished(claim=claim, result=result, follow_ups=ctx.follow_ups, waits=ctx.waits,
-                    charge=ctx.charged, side_effects=ctx.side_effects)
-
-
 def _raiser(exc: BaseException) -> Callable[[], Any]:
     def run() -> Any:
         raise exc
 
     return run
-
-
-def _described(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
