@@ -303,12 +303,25 @@ def worker(url: str, *, imports: tuple[str, ...], queues: tuple[str, ...],
     SIGTERM or SIGINT stops claiming, gives running handlers --grace seconds and releases
     the rest (never marking unfinished work done), then exits 143 (130); a second one
     exits at once.
+
+    URL may instead be a postroom service (http:// or https://), for a host with no access
+    to the database: the handlers then run as a worker principal whose token is read from
+    POSTROOM_TOKEN, claiming and committing over HTTP (RemoteWorker). On a signal it stops
+    claiming and exits once the handlers running have ended and their outcomes are
+    committed; --timeout, --prefetch, --grace, --no-duties, --owner and per-queue
+    --concurrency are the local worker's only.
     """
     from postroom.runtime.handlers import App
+
+    overall, per_queue = _by_queue(concurrencies, "--concurrency", int)
+    if url.startswith(("http://", "https://")):
+        _remote_worker(url, App.load(*imports), queues=queues, concurrency=int(overall or 16),
+                       per_queue=per_queue, lease=lease, poll=poll)
+        return
+
     from postroom.runtime.worker import Worker, WorkerSettings
     from postroom.store import open_store
 
-    overall, per_queue = _by_queue(concurrencies, "--concurrency", int)
     _, per_queue_timeouts = _by_queue(timeouts, "--timeout", float, plain=False)
     settings = WorkerSettings(queues=queues or None, concurrency=int(overall or 16),
                               prefetch=prefetch, lease=lease, grace=grace, poll=poll,
@@ -319,6 +332,36 @@ def worker(url: str, *, imports: tuple[str, ...], queues: tuple[str, ...],
         running = Worker(store, app, settings)
         _serve_until_signalled(running.run, running.stop,
                                stopping=f"running handlers have {grace:g}s to end")
+
+
+#: The options of ``postroom worker`` that only a worker on the store itself has.
+_LOCAL_ONLY = {"timeouts": "--timeout", "prefetch": "--prefetch", "grace": "--grace",
+               "no_duties": "--no-duties", "owner": "--owner"}
+
+
+def _remote_worker(url: str, app: Any, *, queues: tuple[str, ...], concurrency: int,
+                   per_queue: dict[str, Any], lease: float | None, poll: float) -> None:
+    """``postroom worker`` for a service URL: a ``RemoteWorker`` with POSTROOM_TOKEN's
+    principal, until a signal."""
+    from postroom.client import Client, RemoteWorker
+
+    context = click.get_current_context()
+    for name, option in _LOCAL_ONLY.items():
+        if context.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT:
+            raise click.UsageError(f"{option} is the local worker's: a worker of a service "
+                                   f"URL has no such setting")
+    if per_queue:
+        raise click.UsageError("--concurrency QUEUE=N is the local worker's: a worker of a "
+                               "service URL takes one N")
+    token = os.environ.get("POSTROOM_TOKEN", "")
+    if not token:
+        raise click.UsageError("a worker of a service URL needs its principal's token in "
+                               "POSTROOM_TOKEN (postroom principal add NAME --role worker)")
+    with Client(url, token) as client:
+        running = RemoteWorker(client, app, queues=queues or None, concurrency=concurrency,
+                               lease=lease if lease is not None else 30.0, poll=poll)
+        _serve_until_signalled(running.run, running.stop,
+                               stopping="running handlers end and their outcomes commit")
 
 
 def _by_queue(values: tuple[str, ...], option: str, kind: type[int] | type[float], *,

@@ -205,3 +205,13 @@ def test_bench_refuses_a_results_file_in_a_missing_folder_before_measuring(tmp_p
                  str(tmp_path / "missing" / "results.md"))
     assert result.returncode == 2 and "is not a folder" in result.stderr
     assert "raw" not in result.stderr  # nothing was measured
+
+
+def test_the_worker_help_states_the_quick_handler_time_the_worker_uses():
+    from click.testing import CliRunner
+
+    from postroom.cli import main
+    from postroom.runtime.worker import QUICK_HANDLER
+
+    shown = CliRunner().invoke(main, ["worker", "--help"], terminal_width=200).output
+    assert f"within {QUICK_HANDLER * 1000:g} ms" in " ".join(shown.split())
