@@ -306,17 +306,16 @@ def worker(url: str, *, imports: tuple[str, ...], queues: tuple[str, ...],
 
     URL may instead be a postroom service (http:// or https://), for a host with no access
     to the database: the handlers then run as a worker principal whose token is read from
-    POSTROOM_TOKEN, claiming and committing over HTTP (RemoteWorker). On a signal it stops
-    claiming and exits once the handlers running have ended and their outcomes are
-    committed; --timeout, --prefetch, --grace, --no-duties, --owner and per-queue
-    --concurrency are the local worker's only.
+    POSTROOM_TOKEN, claiming and committing over HTTP (RemoteWorker); a signal stops it the
+    same way. --timeout, --prefetch, --no-duties, --owner and per-queue --concurrency are
+    the local worker's only.
     """
     from postroom.runtime.handlers import App
 
     overall, per_queue = _by_queue(concurrencies, "--concurrency", int)
     if url.startswith(("http://", "https://")):
         _remote_worker(url, App.load(*imports), queues=queues, concurrency=int(overall or 16),
-                       per_queue=per_queue, lease=lease, poll=poll)
+                       per_queue=per_queue, lease=lease, poll=poll, grace=grace)
         return
 
     from postroom.runtime.worker import Worker, WorkerSettings
@@ -335,12 +334,13 @@ def worker(url: str, *, imports: tuple[str, ...], queues: tuple[str, ...],
 
 
 #: The options of ``postroom worker`` that only a worker on the store itself has.
-_LOCAL_ONLY = {"timeouts": "--timeout", "prefetch": "--prefetch", "grace": "--grace",
-               "no_duties": "--no-duties", "owner": "--owner"}
+_LOCAL_ONLY = {"timeouts": "--timeout", "prefetch": "--prefetch", "no_duties": "--no-duties",
+               "owner": "--owner"}
 
 
 def _remote_worker(url: str, app: Any, *, queues: tuple[str, ...], concurrency: int,
-                   per_queue: dict[str, Any], lease: float | None, poll: float) -> None:
+                   per_queue: dict[str, Any], lease: float | None, poll: float,
+                   grace: float) -> None:
     """``postroom worker`` for a service URL: a ``RemoteWorker`` with POSTROOM_TOKEN's
     principal, until a signal."""
     from postroom.client import Client, RemoteWorker
@@ -359,9 +359,10 @@ def _remote_worker(url: str, app: Any, *, queues: tuple[str, ...], concurrency: 
                                "POSTROOM_TOKEN (postroom principal add NAME --role worker)")
     with Client(url, token) as client:
         running = RemoteWorker(client, app, queues=queues or None, concurrency=concurrency,
-                               lease=lease if lease is not None else 30.0, poll=poll)
+                               lease=lease if lease is not None else 30.0, poll=poll,
+                               grace=grace)
         _serve_until_signalled(running.run, running.stop,
-                               stopping="running handlers end and their outcomes commit")
+                               stopping=f"running handlers have {grace:g}s to end")
 
 
 def _by_queue(values: tuple[str, ...], option: str, kind: type[int] | type[float], *,

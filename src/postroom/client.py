@@ -51,7 +51,14 @@ from postroom.models import (
     TaskState,
     WaitOpening,
 )
-from postroom.runtime.handlers import App, Context, EventLoopThread, outcome_of, refused_finish
+from postroom.runtime.handlers import (
+    App,
+    Context,
+    EventLoopThread,
+    outcome_of,
+    refused_finish,
+    timed_out,
+)
 
 __all__ = ["AsyncClient", "Client", "RemoteWorker", "ServiceError"]
 
@@ -519,10 +526,13 @@ class RemoteWorker:
 
     Up to ``concurrency`` handlers run at once, each on a thread of its own (``async def``
     ones all on one event loop, which the next ones share), as the local worker runs them
-    (``Context``, ``PermanentFailure``, ``ctx.charge``). One thread renews every held lease
-    each third of it with one request (``renew_many``), and one commits the outcomes as
-    they come, all those waiting with one request (``settle_many``), naming only each task
-    and fence; a slot is free again once its outcome is committed. A lost lease abandons
+    (``Context``, ``PermanentFailure``, ``ctx.charge``, a handler's ``timeout=``: past it
+    the handler is abandoned and its attempt fails as retryable; a plain function's thread
+    cannot be stopped, so the tasks after it wait for a thread until it returns). One
+    thread renews every held lease each third of it with one request (``renew_many``), and
+    one commits the outcomes as they come, all those waiting with one request
+    (``settle_many``), naming only each task and fence; a slot is free again once its
+    outcome is committed. A lost lease abandons
     the work (``ctx.cancelled`` is set, a coroutine is cancelled): whatever it would
     commit is refused anyway. A finish the service refuses (a result that is not JSON, a
     follow-up that collides, a wait that cannot open) fails the attempt instead, as the
@@ -531,17 +541,21 @@ class RemoteWorker:
     worker and is raised by ``run`` or ``run_once``.
 
     ``run`` claims, up to ``batch`` tasks a request and as many as it has free slots, until
-    ``stop()``; ``run_once`` claims and works one round (for tests and scripts).
+    ``stop()`` (then the handlers running get ``grace`` seconds before their claims are
+    released); ``run_once`` claims and works one round (for tests and scripts).
     """
 
     def __init__(self, client: Client, app: App, *, queues: Sequence[str] | None = None,
                  concurrency: int = 16, batch: int | None = None, lease: float = 30.0,
-                 poll: float = 5.0) -> None:
+                 poll: float = 5.0, grace: float = 30.0) -> None:
         if not 1 <= concurrency <= 1024:
             raise InvalidInput("concurrency", "must be 1 .. 1024")
         batch = min(concurrency, _MOST_PER_REQUEST) if batch is None else batch
         if not 1 <= batch <= _MOST_PER_REQUEST:
             raise InvalidInput("batch", f"must be 1 .. {_MOST_PER_REQUEST}")
+        if type(grace) not in (int, float) or not 0 <= grace <= 86_400:
+            raise InvalidInput("grace", f"must be a number of seconds in 0..86400, got "
+                                        f"{grace!r}")
         self.client = client
         self.app = app
         self.queues = list(queues) if queues is not None else list(app.queues)
@@ -549,6 +563,7 @@ class RemoteWorker:
         self.batch = batch
         self.lease = lease
         self.poll = poll
+        self.grace = grace
         self.settled: dict[str, int] = {"finish": 0, "fail": 0, "release": 0, "fenced": 0}
         self._stopping = threading.Event()
         self._slots = threading.Semaphore(concurrency)
@@ -558,9 +573,13 @@ class RemoteWorker:
         self._refused: PostroomError | None = None
         self._loop: EventLoopThread | None = None
         self._coroutines: dict[str, concurrent.futures.Future[Any]] = {}
+        self._ended: set[str] = set()  # tasks held whose attempt ended (see ``_ends_first``)
 
     def stop(self) -> None:
-        """Stop claiming; the tasks in hand still finish and are settled."""
+        """Stop claiming; ``run`` returns once the handlers running have ended and their
+        outcomes are committed, or after ``grace`` seconds, releasing the claims still held
+        then (handed back unfinished, their attempts given back, never marked done; a
+        coroutine is cancelled, and what any of them ends with later is ignored)."""
         self._stopping.set()
 
     def run(self) -> None:
@@ -591,19 +610,17 @@ class RemoteWorker:
     @contextmanager
     def _working(self, *, gathered: bool) -> Iterator[Callable[[Claim], None]]:
         """A way to start handlers for claims, with a thread that renews their leases; on
-        leaving, every started handler has returned and its outcome is settled (or given
-        up). Outcomes are settled as they come, each batch claiming the next tasks for the
-        slots it frees with the same request (``run``), or ``gathered`` and settled
-        together at the end (``run_once``)."""
+        leaving, every started handler has ended (returned, or passed its execution timeout
+        or, for ``run``, the grace period) and its outcome is settled (or given up).
+        Outcomes are settled as they come, each batch claiming the next tasks for the slots
+        it frees with the same request (``run``), or ``gathered`` and settled together at
+        the end (``run_once``)."""
         outcomes: queue.SimpleQueue[_Done | None] = queue.SimpleQueue()
         ended, closing = threading.Event(), threading.Event()
         handlers = ThreadPoolExecutor(self.concurrency, thread_name_prefix="postroom-remote")
 
         def work(claim: Claim) -> None:
-            context = Context(claim)
-            with self._lock:
-                self._held[claim.task_id] = (claim, context)
-            handlers.submit(lambda: outcomes.put((claim, context, self._run(claim, context))))
+            self._start(claim, handlers, outcomes)
 
         renewer = threading.Thread(target=self._renew_loop, args=(ended,), daemon=True,
                                    name="postroom-remote-renewer")
@@ -618,20 +635,79 @@ class RemoteWorker:
         finally:
             closing.set()  # the settler claims no more
             if settler is None:
-                handlers.shutdown(wait=True)
+                with self._changed:  # a handler past its timeout is not waited for
+                    self._changed.wait_for(lambda: self._ended.issuperset(self._held))
+                handlers.shutdown(wait=False)
                 outcomes.put(None)
                 self._settle_loop(outcomes, None, closing)
             else:
+                outlived = self._outlived_grace()
+                for claim, context in outlived:  # handed back (their own ends are ignored)
+                    if self._ends_first(claim, context):
+                        self._abandon(claim, context)
+                        outcomes.put((claim, Context(claim), Released(claim=claim)))
                 with self._changed:
                     self._changed.wait_for(lambda: not self._held)
                 outcomes.put(None)
                 settler.join()
-                handlers.shutdown(wait=True)
+                handlers.shutdown(wait=not outlived)
             ended.set()
             renewer.join()
         if self._refused is not None:
             refused, self._refused = self._refused, None
             raise refused
+
+    def _start(self, claim: Claim, handlers: ThreadPoolExecutor,
+               outcomes: queue.SimpleQueue[_Done | None]) -> None:
+        """Hold ``claim`` and run its handler on ``handlers``, its outcome put in
+        ``outcomes``; past the handler's execution timeout, its failure instead."""
+        context = Context(claim)
+        with self._lock:
+            self._held[claim.task_id] = (claim, context)
+        spec = self.app.handler_for(claim.queue)
+        watch = None
+        if spec is not None and spec.timeout is not None:
+            watch = threading.Timer(spec.timeout, self._time_out,
+                                    args=(claim, context, spec.timeout, outcomes))
+            watch.daemon = True
+            watch.start()
+
+        def run() -> None:
+            outcome = self._run(claim, context)
+            if watch is not None:
+                watch.cancel()
+            if self._ends_first(claim, context):
+                outcomes.put((claim, context, outcome))
+
+        handlers.submit(run)
+
+    def _ends_first(self, claim: Claim, context: Context) -> bool:
+        """Whether this is the first end of the attempt ``context`` runs, while it is held:
+        its handler's, its execution timeout's or the grace period's (any later one is
+        ignored)."""
+        with self._lock:
+            held = self._held.get(claim.task_id)
+            if held is None or held[1] is not context or claim.task_id in self._ended:
+                return False
+            self._ended.add(claim.task_id)
+            self._changed.notify_all()
+            return True
+
+    def _time_out(self, claim: Claim, context: Context, seconds: float,
+                  outcomes: queue.SimpleQueue[_Done | None]) -> None:
+        """The handler of ``claim`` ran past its execution timeout: abandon it (its context
+        cancelled, a coroutine cancelled) and fail the attempt as retryable."""
+        if self._ends_first(claim, context):
+            _log.warning("handler of %s timed out after %gs: abandoned", claim.task_id, seconds)
+            self._abandon(claim, context)
+            outcomes.put((claim, Context(claim), timed_out(claim, seconds)))
+
+    def _outlived_grace(self) -> list[tuple[Claim, Context]]:
+        """Wait up to ``grace`` seconds for the handlers still running to end and their
+        outcomes to commit; the claims still held then."""
+        with self._changed:
+            self._changed.wait_for(lambda: not self._held, timeout=self.grace)
+            return list(self._held.values())
 
     def _free_slots(self) -> int:
         """Wait up to ``poll`` seconds for a free slot, then take every free one, up to
@@ -693,6 +769,7 @@ class RemoteWorker:
             with self._changed:
                 for held, _, _ in batch:
                     self._held.pop(held.task_id, None)
+                    self._ended.discard(held.task_id)
                 self._changed.notify_all()
             for _ in range(len(batch) - len(claims) if start is not None else 0):
                 self._slots.release()
@@ -770,19 +847,23 @@ class RemoteWorker:
 
     def _run(self, claim: Claim, context: Context) -> Finished | Failed | Released | None:
         """Run the claim's handler (an ``async def`` one on the worker's event loop): its
-        outcome, or ``None`` if it was abandoned (``Fenced``, or cancelled with its lease)."""
+        outcome, or ``None`` if it was abandoned (``Fenced``, cancelled with its lease, or
+        ended by a ``BaseException`` such as ``SystemExit``, as in the local worker)."""
         spec = self.app.handler_for(claim.queue)
         if spec is None:
             return Released(claim=claim, delay=self.poll)
         if not spec.is_async:
-            return outcome_of(claim, context, lambda: spec.function(claim.payload, context))
+            try:
+                return outcome_of(claim, context, lambda: spec.function(claim.payload, context))
+            except BaseException:  # outcome_of takes every Exception
+                return None
         running = self._event_loop().submit(spec.function(claim.payload, context))
         with self._lock:
             self._coroutines[claim.task_id] = running
         try:
             return outcome_of(claim, context, running.result)
-        except concurrent.futures.CancelledError:
-            return None  # its lease was lost (see ``_renew_loop``)
+        except BaseException:  # cancelled (see ``_renew_loop``), or not an Exception
+            return None
         finally:
             with self._lock:
                 self._coroutines.pop(claim.task_id, None)

@@ -198,6 +198,16 @@ def test_a_remote_worker_fails_a_finish_whose_result_is_not_json_and_settles_the
     assert worker.settled == {"finish": 2, "fail": 1, "release": 0, "fenced": 0}
 
 
+def stopped_once(worker: RemoteWorker, ready: threading.Event) -> bool:
+    """Run ``worker`` on a thread, stop it once ``ready`` is set: whether ``run`` returned."""
+    running = threading.Thread(target=worker.run)
+    running.start()
+    assert ready.wait(30)
+    worker.stop()
+    running.join(30)
+    return not running.is_alive()
+
+
 def test_a_running_remote_worker_works_until_stopped_and_settles_what_it_holds(service):
     app, all_started = App(), threading.Event()
     started = []
@@ -211,12 +221,7 @@ def test_a_running_remote_worker_works_until_stopped_and_settles_what_it_holds(s
 
     task_ids = submitted(service, 10)
     worker = RemoteWorker(service.client("wendy"), app, concurrency=4, poll=0.05)
-    running = threading.Thread(target=worker.run)
-    running.start()
-    assert all_started.wait(30)
-    worker.stop()
-    running.join(30)
-    assert not running.is_alive()
+    assert stopped_once(worker, all_started)
     assert worker.settled["finish"] == 10
     assert {service.store.task(task_id).state for task_id in task_ids} == {"done"}
 
@@ -321,3 +326,94 @@ def test_a_remote_handlers_charge_is_spent_from_its_chains_budget(service):
     RemoteWorker(service.client("wendy"), app).run_once()
     assert service.store.task(ack.task_id).state == "done"
     assert service.store.chain(ack.task_id).cost == 3
+
+
+class Interrupted(BaseException):
+    """Not an ``Exception``: what no handler's failure is made of."""
+
+
+@pytest.mark.parametrize("coroutine", [False, True])
+def test_a_remote_handler_ending_in_a_base_exception_abandons_only_its_own_task(service,
+                                                                                coroutine):
+    app = App()
+
+    def outcome(payload: dict) -> int:
+        if payload["n"] == 0:
+            raise Interrupted
+        return payload["n"]
+
+    async def handle_async(payload: dict, ctx: Context) -> int:
+        return outcome(payload)
+
+    app.handler("default")(handle_async if coroutine else (lambda payload, ctx: outcome(payload)))
+    first, second = submitted(service, 2)
+    worker = RemoteWorker(service.client("wendy"), app, batch=2)
+    assert worker.run_once() == 2
+    worker.close()
+    assert worker.settled == {"finish": 1, "fail": 0, "release": 0, "fenced": 1}
+    assert service.store.task(first).state == "running"  # its lease will run out
+    assert service.store.task(second).result == 1
+
+
+@pytest.mark.parametrize("coroutine", [False, True])
+def test_a_stopped_remote_worker_releases_what_outlives_its_grace_and_marks_nothing_done(
+        service, coroutine):
+    app, started, let_go, ends = App(), threading.Event(), threading.Event(), []
+
+    def block() -> str:
+        started.set()
+        assert let_go.wait(30)
+        return "late"
+
+    async def block_async(payload: dict, ctx: Context) -> str:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            ends.append("cancelled")
+            raise
+        return "late"
+
+    app.handler("default")(block_async if coroutine else (lambda payload, ctx: block()))
+    [task_id] = submitted(service, 1)
+    worker = RemoteWorker(service.client("wendy"), app, grace=0.2, poll=0.05)
+    returned = stopped_once(worker, started)
+    let_go.set()
+    assert returned
+    assert worker.settled["release"] == 1 and worker.settled["finish"] == 0
+    task = service.store.task(task_id)
+    assert (task.state, task.attempts) == ("pending", 0)
+    assert ends == (["cancelled"] if coroutine else [])
+
+
+@pytest.mark.parametrize("coroutine", [False, True])
+def test_a_remote_handler_past_its_timeout_is_abandoned_and_its_attempt_fails(service,
+                                                                             coroutine):
+    app, let_go, seen = App(), threading.Event(), []
+
+    def hang(ctx: Context) -> str:
+        assert ctx.cancellation.wait(30)  # told it was abandoned
+        seen.append("told")
+        assert let_go.wait(30)
+        return "too late"
+
+    async def hang_async(payload: dict, ctx: Context) -> str:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+        return "too late"
+
+    app.handler("default", timeout=0.2)(
+        hang_async if coroutine else (lambda payload, ctx: hang(ctx)))
+    [task_id] = submitted(service, 1)
+    worker = RemoteWorker(service.client("wendy"), app)
+    worker.run_once()
+    let_go.set()
+    worker.close()
+    task = service.store.task(task_id)
+    assert (task.state, task.attempts) == ("pending", 1)
+    assert task.last_error == "timed out: ran past its execution timeout of 0.2s"
+    assert seen == ["cancelled" if coroutine else "told"]
+    assert worker.settled == {"finish": 0, "fail": 1, "release": 0, "fenced": 0}

@@ -49,7 +49,7 @@ def test_a_worker_given_a_service_url_runs_the_handlers_over_http_until_sigterm(
 @pytest.mark.parametrize(("args", "token", "problem"), [
     ([], "", "POSTROOM_TOKEN"),
     (["--prefetch", "4"], "t", "--prefetch is the local worker's"),
-    (["--grace", "5"], "t", "--grace is the local worker's"),
+    (["--owner", "me"], "t", "--owner is the local worker's"),
     (["--concurrency", "default=2"], "t", "--concurrency QUEUE=N is the local worker's"),
 ])
 def test_a_worker_of_a_service_url_that_cannot_run_says_why_and_exits_2(jobs, args, token,

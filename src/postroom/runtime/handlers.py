@@ -49,7 +49,7 @@ from postroom.runtime.duty import check_interval
 from postroom.validation import DEFAULT_LIMITS, check_text
 
 __all__ = ["App", "Context", "EventLoopThread", "Handler", "HandlerSpec", "PermanentFailure",
-           "Resumer", "failure_reason", "outcome_of", "refused_finish"]
+           "Resumer", "failure_reason", "outcome_of", "refused_finish", "timed_out"]
 
 #: How much of a failure's text is kept as the task's error (the store takes up to 4 KiB).
 _REASON_CHARS = 1000
@@ -370,6 +370,13 @@ def refused_finish(finished: Finished, error: BaseException) -> Failed:
     when retrying cannot change it (an input refused)."""
     return Failed(claim=finished.claim, retryable=not isinstance(error, InvalidInput),
                   reason=failure_reason(f"finish refused: {type(error).__name__}: {error}"))
+
+
+def timed_out(claim: Claim, seconds: float) -> Failed:
+    """What a worker commits for a handler that ran past its execution timeout: the attempt
+    fails as retryable, naming the timeout."""
+    return Failed(claim=claim, retryable=True,
+                  reason=f"timed out: ran past its execution timeout of {seconds:g}s")
 
 
 def outcome_of(claim: Claim, ctx: Context, run: Callable[[], Any]) -> Finished | Failed | None:

@@ -54,7 +54,7 @@ from postroom import log
 from postroom.clock import Clock
 from postroom.db.wakeups import Waiter
 from postroom.errors import Fenced, InvalidInput, StoreError
-from postroom.models import Claim, Failed, Finished, Released, Settled, Settlement
+from postroom.models import Claim, Finished, Released, Settled, Settlement
 from postroom.runtime.continuations import ContinuationRunner
 from postroom.runtime.deadlines import DeadlineSweeper
 from postroom.runtime.duty import Duties, Duty, check_interval
@@ -65,6 +65,7 @@ from postroom.runtime.handlers import (
     HandlerSpec,
     outcome_of,
     refused_finish,
+    timed_out,
 )
 from postroom.runtime.pruner import Pruner
 from postroom.runtime.rescuer import LeaseRescuer
@@ -504,7 +505,7 @@ class Worker:
         ctx = Context(held.claim, held.cancellation)
         try:
             outcome = outcome_of(held.claim, ctx, lambda: spec.function(held.claim.payload, ctx))
-        except BaseException:  # pragma: no cover - _outcome catches every Exception
+        except BaseException:  # pragma: no cover - outcome_of catches every Exception
             outcome = None
         self._ended_one(held, outcome, ran=self._clock.now() - began)
 
@@ -591,9 +592,7 @@ class Worker:
                     log.event(_log, logging.WARNING, "handler timed out: abandoned",
                               task_id=held.claim.task_id, owner=self.owner,
                               fence=held.claim.fence)
-                    self._hand_over(held, Failed(
-                        claim=held.claim, retryable=True,
-                        reason=f"timed out: ran past its execution timeout of {limit:g}s"))
+                    self._hand_over(held, timed_out(held.claim, limit))
                 self._lock.wait(wait)
 
     # -- settling -------------------------------------------------------------------------------
