@@ -291,10 +291,13 @@ def bench(quick: bool, only: tuple[str, ...], folder: Path | None,  # noqa: PLR0
                    "timer, continuation runner, pruner, scheduler).")
 @click.option("--owner", default=None, metavar="NAME",
               help="The owner its claims are held under (default: host:pid:random).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), default="info",
+              show_default=True, help="What it logs to stderr (a duty's failed round, a "
+                                      "handler timed out, started and stopped).")
 def worker(url: str, *, imports: tuple[str, ...], queues: tuple[str, ...],
            concurrencies: tuple[str, ...], timeouts: tuple[str, ...], prefetch: int | None,
            lease: float | None, grace: float, poll: float, no_duties: bool,
-           owner: str | None) -> None:
+           owner: str | None, log_level: str) -> None:
     """Run the handlers of --import's App on the store at URL until SIGTERM or SIGINT.
 
     Claims as many tasks as it has free slots in one transaction (and, while handlers are
@@ -312,6 +315,7 @@ def worker(url: str, *, imports: tuple[str, ...], queues: tuple[str, ...],
     """
     from postroom.runtime.handlers import App
 
+    _log_to_stderr(log_level)
     overall, per_queue = _by_queue(concurrencies, "--concurrency", int)
     if url.startswith(("http://", "https://")):
         _remote_worker(url, App.load(*imports), queues=queues, concurrency=int(overall or 16),
@@ -331,6 +335,12 @@ def worker(url: str, *, imports: tuple[str, ...], queues: tuple[str, ...],
         running = Worker(store, app, settings)
         _serve_until_signalled(running.run, running.stop,
                                stopping=f"running handlers have {grace:g}s to end")
+
+
+def _log_to_stderr(level: str) -> None:
+    """postroom's log records (and any other library's) at ``level`` and above on stderr."""
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
 
 #: The options of ``postroom worker`` that only a worker on the store itself has.
@@ -725,8 +735,7 @@ def dispatch(  # noqa: PLR0917 - click passes every option as an argument
     from postroom.settings import check_lease
     from postroom.store import open_store
 
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    _log_to_stderr(log_level)
     try:
         timeouts = Timeouts(connect=connect_timeout, read=timeout, total=timeout)
     except ValueError as exc:
@@ -848,23 +857,51 @@ def principal_rotate(name: str, store_url: str, overlap: float) -> None:
               help="Log a line for every request (uvicorn's access log).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), default="info",
               show_default=True, help="What it logs to stderr.")
+@click.option("--no-duties", is_flag=True,
+              help="Do not run the store's background duties (lease rescuer, deadline "
+                   "sweeper, wait timer, pruner, scheduler).")
+@click.option("--import", "imports", multiple=True, metavar="MODULE[:NAME]",
+              help="Also resume ended waits with the resumers of this App (named app, or "
+                   "NAME); repeatable. Its handlers do not run here.")
 def serve(  # noqa: PLR0917 - click passes every option as an argument
         url: str, host: str, port: int, max_body: int, timeout: float, threads: int,
-        access_log: bool, log_level: str) -> None:
+        access_log: bool, log_level: str, no_duties: bool, imports: tuple[str, ...]) -> None:
     """Serve the HTTP API (and its OpenAPI document at /openapi.json) for the store at URL
     until SIGTERM or Ctrl-C.
 
-    Callers authenticate with the tokens of `postroom principal add`.
+    Callers authenticate with the tokens of `postroom principal add`. Beside it run the
+    store's background duties, as on a worker (each is safe on any number of hosts), so
+    that a deployment whose workers all reach it over HTTP still times out waits, rescues
+    leases, fires schedules and prunes; --no-duties leaves them to workers. With --import,
+    the continuation runner resumes ended waits with that App's resumers too.
     """
     from postroom.http.app import Limits
     from postroom.http.app import serve as run
+    from postroom.runtime.continuations import ContinuationRunner
+    from postroom.runtime.duty import Duties, Duty
+    from postroom.runtime.handlers import App
+    from postroom.runtime.worker import upkeep_duties
     from postroom.store import open_store
 
     limits = Limits(max_body=max_body, timeout=timeout, max_poll=min(20.0, timeout / 2),
                     threads=threads)
+    _log_to_stderr(log_level)  # beside uvicorn's records, which keep their own handlers
+    app = App.load(*imports) if imports else None
+    if app is not None and not app.steps:
+        raise click.UsageError("--import: that App has no resumer, and the service runs no "
+                               "handlers (postroom worker does)")
     with open_store(url) as store:
-        run(store, host=host, port=port, limits=limits, log_level=log_level,
-            access_log=access_log)
+        chosen: list[Duty] = [] if no_duties else upkeep_duties(store)
+        if app is not None:
+            chosen.append(ContinuationRunner(store, app))
+        duties = Duties(chosen)
+        click.echo(f"duties: {', '.join(duties.names) or 'none'}", err=True)
+        duties.start()
+        try:
+            run(store, host=host, port=port, limits=limits, log_level=log_level,
+                access_log=access_log)
+        finally:
+            duties.stop()
 
 
 # -- the operators' commands: status, list, inspect and their decisions (postroom.cli_ops) ------

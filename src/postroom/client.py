@@ -643,9 +643,9 @@ class RemoteWorker:
             else:
                 outlived = self._outlived_grace()
                 for claim, context in outlived:  # handed back (their own ends are ignored)
-                    if self._ends_first(claim, context):
+                    if self._ends_first(claim, context, outcomes,
+                                        (claim, Context(claim), Released(claim=claim))):
                         self._abandon(claim, context)
-                        outcomes.put((claim, Context(claim), Released(claim=claim)))
                 with self._changed:
                     self._changed.wait_for(lambda: not self._held)
                 outcomes.put(None)
@@ -676,20 +676,22 @@ class RemoteWorker:
             outcome = self._run(claim, context)
             if watch is not None:
                 watch.cancel()
-            if self._ends_first(claim, context):
-                outcomes.put((claim, context, outcome))
+            self._ends_first(claim, context, outcomes, (claim, context, outcome))
 
         handlers.submit(run)
 
-    def _ends_first(self, claim: Claim, context: Context) -> bool:
-        """Whether this is the first end of the attempt ``context`` runs, while it is held:
-        its handler's, its execution timeout's or the grace period's (any later one is
-        ignored)."""
+    def _ends_first(self, claim: Claim, context: Context,
+                    outcomes: queue.SimpleQueue[_Done | None], done: _Done) -> bool:
+        """Put ``done`` in ``outcomes`` if this is the first end of the attempt ``context``
+        runs while it is held: its handler's, its execution timeout's or the grace
+        period's (any later one is ignored); whether it was. Marked and queued under the
+        lock, so whoever sees the attempt ended finds its outcome queued."""
         with self._lock:
             held = self._held.get(claim.task_id)
             if held is None or held[1] is not context or claim.task_id in self._ended:
                 return False
             self._ended.add(claim.task_id)
+            outcomes.put(done)
             self._changed.notify_all()
             return True
 
@@ -697,10 +699,10 @@ class RemoteWorker:
                   outcomes: queue.SimpleQueue[_Done | None]) -> None:
         """The handler of ``claim`` ran past its execution timeout: abandon it (its context
         cancelled, a coroutine cancelled) and fail the attempt as retryable."""
-        if self._ends_first(claim, context):
+        if self._ends_first(claim, context, outcomes,
+                            (claim, Context(claim), timed_out(claim, seconds))):
             _log.warning("handler of %s timed out after %gs: abandoned", claim.task_id, seconds)
             self._abandon(claim, context)
-            outcomes.put((claim, Context(claim), timed_out(claim, seconds)))
 
     def _outlived_grace(self) -> list[tuple[Claim, Context]]:
         """Wait up to ``grace`` seconds for the handlers still running to end and their

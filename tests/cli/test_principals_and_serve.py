@@ -78,3 +78,87 @@ def test_serve_answers_until_sigterm_then_exits_143(db_url):
         code = served.wait(timeout=60)
     assert health.json() == ready.json() == {"ok": True}
     assert code == 143
+
+
+def test_serve_runs_the_stores_duties_so_a_due_wait_times_out_with_no_worker(db_url):
+    with postroom.open_store(db_url) as store:
+        store.open_wait("trip", "confirm", 0, time.time() + 0.5)
+    port = free_port()
+    with Process(python("-m", "postroom", "serve", db_url, "--port", str(port),
+                        "--log-level", "warning"), name="serve") as served:
+        with postroom.open_store(db_url) as store:
+            deadline = time.monotonic() + 60
+            while store.wait("trip", "confirm").state == "waiting":
+                assert served.poll() is None and time.monotonic() < deadline
+                time.sleep(0.05)
+            state = store.wait("trip", "confirm").state
+        served.signal(signal.SIGTERM)
+        served.wait(timeout=60)
+        said = served.stderr()
+    assert state == "timed_out"
+    assert "duties: lease rescuer, deadline sweeper, wait timer, pruner, scheduler" in said
+
+
+def test_serve_with_no_duties_says_it_runs_none(db_url):
+    port = free_port()
+    with Process(python("-m", "postroom", "serve", db_url, "--port", str(port), "--no-duties",
+                        "--log-level", "warning"), name="serve") as served:
+        deadline = time.monotonic() + 60
+        while "duties:" not in served.stderr():
+            assert served.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        served.signal(signal.SIGTERM)
+        served.wait(timeout=60)
+        assert "duties: none" in served.stderr()
+
+
+FLOWS = """
+import time
+from postroom import FollowUp
+from postroom.runtime import App
+
+app = App()
+calls = []
+
+@app.resumer("confirm")
+def after_confirm(continuation):
+    calls.append(continuation)
+    if len(calls) == 1:
+        raise RuntimeError("downstream is down")  # logged; the next round resumes it
+    return FollowUp(message_id="after", payload={"ended": continuation.kind.value},
+                    queue="next", deadline=time.time() + 3600)
+"""
+
+
+def test_serve_with_an_apps_resumers_resumes_an_ended_wait_and_logs_a_failed_round(db_url,
+                                                                                  tmp_path):
+    (tmp_path / "flows.py").write_text(FLOWS, "utf-8")
+    with postroom.open_store(db_url) as store:
+        store.receive(postroom.AuthContext(principal="alice"), postroom.Envelope(
+            message_id="trip-1", sender="alice", deadline=time.time() + 3600, payload={}))
+        store.finish(store.claim("w"), "asked", waits=[
+            postroom.OpenWait(flow="trip", step="confirm", deadline=time.time() + 0.3)])
+    with Process(python("-m", "postroom", "serve", db_url, "--port", str(free_port()),
+                        "--import", "flows", "--log-level", "warning"), name="serve",
+                 env={"PYTHONPATH": str(tmp_path)}) as served:
+        with postroom.open_store(db_url) as store:
+            deadline = time.monotonic() + 60
+            while not (found := store.list_tasks(queue="next").items):
+                assert served.poll() is None and time.monotonic() < deadline, served.tail()
+                time.sleep(0.05)
+        served.signal(signal.SIGTERM)
+        served.wait(timeout=60)
+        said = served.stderr()
+    assert [task.payload for task in found] == [{"ended": "timeout"}]
+    assert "continuation runner" in said
+    assert "WARNING postroom.continuations resuming 'trip'/'confirm'" in said
+    assert "downstream is down" in said
+
+
+def test_serve_refuses_to_import_an_app_without_resumers_exit_2(db_url, tmp_path):
+    (tmp_path / "jobs.py").write_text("from postroom.runtime import App\napp = App()\n"
+                                      "app.handler('q')(lambda payload, ctx: None)\n", "utf-8")
+    refused = children.run(python("-m", "postroom", "serve", db_url, "--import", "jobs"),
+                           env={"PYTHONPATH": str(tmp_path)}, timeout=120)
+    assert refused.returncode == 2
+    assert "that App has no resumer" in refused.stderr

@@ -55,6 +55,26 @@ def test_a_worker_process_runs_the_tasks_of_its_queues(store, db_url, jobs):
     assert store.task(ids[42]).result == {"n": 42}
 
 
+def test_a_worker_process_logs_its_start_and_stop_on_stderr(store, db_url, jobs):
+    with worker(db_url, jobs, "--queue", "quick") as process:
+        eventually(lambda: "worker started on quick" in process.stderr())
+        process.signal(signal.SIGTERM)
+        assert process.wait() == 143
+        said = process.stderr()
+    assert "INFO postroom.worker worker started on quick" in said
+    assert "INFO postroom.worker worker stopped" in said
+
+
+def test_a_worker_process_at_log_level_warning_says_only_why_it_stops(store, db_url, jobs):
+    task_id = send(store, "m-1", {"n": 1}, queue="quick")
+    with worker(db_url, jobs, "--queue", "quick", "--log-level", "warning") as process:
+        eventually(lambda: store.task(task_id).state == TaskState.DONE)  # it runs
+        process.signal(signal.SIGTERM)
+        assert process.wait() == 143
+        said = process.stderr().strip().splitlines()
+    assert [line.split(":")[0] for line in said] == ["SIGTERM"]
+
+
 def test_sigterm_lets_running_handlers_finish_within_the_grace_period(store, db_url, jobs):
     task_id = send(store, "m-1", {"folder": str(jobs)}, queue="slow")
     with worker(db_url, jobs, "--queue", "slow", "--grace", "60") as process:

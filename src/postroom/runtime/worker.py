@@ -75,7 +75,8 @@ from postroom.settings import check_lease
 from postroom.store import Store
 from postroom.validation import check_int, check_text
 
-__all__ = ["QUICK_HANDLER", "Worker", "WorkerSettings", "WorkerStats", "default_owner"]
+__all__ = ["QUICK_HANDLER", "Worker", "WorkerSettings", "WorkerStats", "default_owner",
+           "upkeep_duties"]
 
 _log = log.get("worker")
 
@@ -759,12 +760,18 @@ class Worker:
         self._threads.append(thread)
 
     def _default_duties(self) -> list[Duty]:
-        store = self._store
-        duties: list[Duty] = [LeaseRescuer(store), DeadlineSweeper(store), WaitTimer(store),
-                              Pruner(store), Scheduler(store)]
+        duties = upkeep_duties(self._store)
         if self._app.steps:
-            duties.append(ContinuationRunner(store, self._app))
+            duties.append(ContinuationRunner(self._store, self._app))
         return duties
+
+
+def upkeep_duties(store: Store) -> list[Duty]:
+    """The duties that keep ``store`` moving with no application code: the lease rescuer,
+    deadline sweeper, wait timer, pruner and scheduler (a worker adds the continuation
+    runner for its ``App``'s resumers; ``postroom serve`` runs these)."""
+    return [LeaseRescuer(store), DeadlineSweeper(store), WaitTimer(store), Pruner(store),
+            Scheduler(store)]
 
 
 def _raiser(exc: BaseException) -> Callable[[], Any]:

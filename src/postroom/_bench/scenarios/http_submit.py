@@ -161,7 +161,8 @@ def run(ctx: Context) -> list[Measurement]:
         token = store.add_principal("bench", "agent").token
     port = _free_port()
     with runtime._children() as children:
-        children.start("serve", url, "--port", str(port))
+        # The API alone, as the in-process receive it is compared with: no duties beside it.
+        children.start("serve", url, "--port", str(port), "--no-duties")
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30.0,
                           headers={"authorization": f"Bearer {token}"}) as client:
             sent = Numbers()

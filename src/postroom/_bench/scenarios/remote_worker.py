@@ -84,7 +84,7 @@ def run(ctx: Context) -> list[Measurement]:
         port = _free_port()
         with runtime._children() as children, Client(
                 f"http://127.0.0.1:{port}", token, timeout=60.0) as client:
-            children.start("serve", url, "--port", str(port))
+            children.start("serve", url, "--port", str(port), "--no-duties")  # the API alone
             numbers = [0]
             for kind, (queue, tasks) in queues.items():
                 for options, key, label in _SHAPES:
