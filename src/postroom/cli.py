@@ -338,9 +338,13 @@ def worker(url: str, *, imports: tuple[str, ...], queues: tuple[str, ...],
 
 
 def _log_to_stderr(level: str) -> None:
-    """postroom's log records (and any other library's) at ``level`` and above on stderr."""
+    """postroom's log records (and any other library's) at ``level`` and above on stderr;
+    httpx's line per request only at debug."""
     logging.basicConfig(level=level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if level != "debug":
+        for chatty in ("httpx", "httpcore"):
+            logging.getLogger(chatty).setLevel(logging.WARNING)
 
 
 #: The options of ``postroom worker`` that only a worker on the store itself has.

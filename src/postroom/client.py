@@ -453,6 +453,11 @@ class Client(_Api):
         self._retries = retries
         self._backoff = backoff
 
+    @property
+    def base_url(self) -> str:
+        """The service's URL, as given."""
+        return str(self._http.base_url)
+
     def _send(self, op: _Op) -> Any:
         attempt = 0
         while True:
@@ -584,6 +589,8 @@ class RemoteWorker:
 
     def run(self) -> None:
         """Claim and work until ``stop()``; returns once the tasks in hand are settled."""
+        _log.info("remote worker started on %s at %s", ", ".join(self.queues),
+                  self.client.base_url)
         try:
             with self._working(gathered=False) as work:
                 while not self._stopping.is_set():
@@ -595,6 +602,7 @@ class RemoteWorker:
                         work(claim)
         finally:
             self.close()
+            _log.info("remote worker stopped: %s", self.settled)
 
     def run_once(self, *, wait: float = 0.0) -> int:
         """Claim up to ``batch`` tasks (waiting up to ``wait`` seconds), work them, at most

@@ -42,7 +42,11 @@ def test_a_worker_given_a_service_url_runs_the_handlers_over_http_until_sigterm(
                                for ack in acks))
         process.signal(signal.SIGTERM)
         assert process.wait() == 143
+        said = process.stderr()
     assert service.store.task(acks[7].task_id).result == {"doubled": 14}
+    assert f"INFO postroom.client remote worker started on default at {service.url}" in said
+    assert "remote worker stopped: {'finish': 20," in said
+    assert "httpx" not in said  # a line per request only at --log-level debug
     assert service.store.story(acks[7].task_id).attempts[0].owner == "http:wendy"
 
 
