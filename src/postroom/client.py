@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields, replace
+from functools import partial
 from typing import Any
 from urllib.parse import quote
 
@@ -537,13 +538,13 @@ class RemoteWorker:
     thread renews every held lease each third of it with one request (``renew_many``), and
     one commits the outcomes as they come, all those waiting with one request
     (``settle_many``), naming only each task and fence; a slot is free again once its
-    outcome is committed. A lost lease abandons
-    the work (``ctx.cancelled`` is set, a coroutine is cancelled): whatever it would
-    commit is refused anyway. A finish the service refuses (a result that is not JSON, a
-    follow-up that collides, a wait that cannot open) fails the attempt instead, as the
-    local worker does. A request that fails is sent again (outcomes name their claims, so
-    a resend is a replay); one the service refuses as a whole (a revoked token) stops the
-    worker and is raised by ``run`` or ``run_once``.
+    outcome is committed. A lost lease abandons the work (``ctx.cancelled`` is set, a
+    coroutine is cancelled): whatever it would commit is refused anyway. A finish the
+    service refuses (a result that is not JSON, a follow-up that collides, a wait that
+    cannot open) fails the attempt instead, as the local worker does. A request that fails
+    is sent again (outcomes name their claims, so a resend is a replay); one the service
+    refuses as a whole (a revoked token) stops the worker and is raised by ``run`` or
+    ``run_once``.
 
     ``run`` claims, up to ``batch`` tasks a request and as many as it has free slots, until
     ``stop()`` (then the handlers running get ``grace`` seconds before their claims are
@@ -862,17 +863,17 @@ class RemoteWorker:
         spec = self.app.handler_for(claim.queue)
         if spec is None:
             return Released(claim=claim, delay=self.poll)
-        if not spec.is_async:
-            try:
-                return outcome_of(claim, context, lambda: spec.function(claim.payload, context))
-            except BaseException:  # outcome_of takes every Exception
-                return None
-        running = self._event_loop().submit(spec.function(claim.payload, context))
-        with self._lock:
-            self._coroutines[claim.task_id] = running
+        call: Callable[[], Any]
+        if spec.is_async:
+            running = self._event_loop().submit(spec.function(claim.payload, context))
+            with self._lock:
+                self._coroutines[claim.task_id] = running
+            call = running.result
+        else:
+            call = partial(spec.function, claim.payload, context)
         try:
-            return outcome_of(claim, context, running.result)
-        except BaseException:  # cancelled (see ``_renew_loop``), or not an Exception
+            return outcome_of(claim, context, call)
+        except BaseException:  # cancelled (see ``_abandon``), or not an Exception
             return None
         finally:
             with self._lock:

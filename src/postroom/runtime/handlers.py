@@ -414,6 +414,10 @@ class EventLoopThread:
         """Run ``coroutine`` on the loop; cancelling the future cancels it."""
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
 
+    def call_soon(self, callback: Callable[[], object]) -> None:
+        """Run ``callback`` on the loop's thread (cancelling a task there, say)."""
+        self.loop.call_soon_threadsafe(callback)
+
     def stop(self) -> None:
         """Cancel the coroutines still running, let them unwind (up to 5 s), then stop and
         close the loop."""

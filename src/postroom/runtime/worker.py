@@ -750,7 +750,7 @@ class Worker:
     def _cancel(self, held: _Held) -> None:
         held.cancellation.set()
         if held.task is not None and self._loop is not None:
-            self._loop.loop.call_soon_threadsafe(held.task.cancel)
+            self._loop.call_soon(held.task.cancel)
 
     # -- helpers --------------------------------------------------------------------------------
 
