@@ -863,11 +863,15 @@ class RemoteWorker:
         spec = self.app.handler_for(claim.queue)
         if spec is None:
             return Released(claim=claim, delay=self.poll)
+        if context.cancelled:  # lost (or timed out) before a thread was free to start it
+            return None
         call: Callable[[], Any]
         if spec.is_async:
             running = self._event_loop().submit(spec.function(claim.payload, context))
             with self._lock:
                 self._coroutines[claim.task_id] = running
+            if context.cancelled:  # lost meanwhile: ``_abandon`` found nothing to cancel
+                running.cancel()
             call = running.result
         else:
             call = partial(spec.function, claim.payload, context)

@@ -290,6 +290,40 @@ def test_a_prefetched_coroutine_whose_task_is_cancelled_while_it_waits_never_run
     assert store.task(waiting).state == TaskState.CANCELLED
 
 
+def test_a_prefetched_coroutine_whose_claim_is_lost_before_the_loop_first_runs_it_ends_at_once(
+        store):
+    release, loop_free = threading.Event(), threading.Event()
+    ran: list[str] = []
+    app = App()
+
+    @app.handler("default")
+    async def held(payload: dict[str, object], ctx: Context) -> None:
+        ran.append(ctx.message_id)
+        if payload.get("block_loop"):
+            loop_free.wait(PATIENCE)  # the event loop itself: nothing else on it runs
+        while payload.get("hold") and not release.is_set():
+            await asyncio.sleep(0.005)
+
+    send(store, "first")
+    settings = dataclasses.replace(FAST, concurrency=1, renew_every=0.05)
+    with running(store, app, settings) as worker:
+        eventually(lambda: worker.stats.done == 1)  # quick: the worker prefetches now
+        store.pause_queue("default", operator="test", reason="to be claimed at once")
+        holder = send(store, "running", {"hold": True, "block_loop": True})
+        waiting = send(store, "waiting", {"hold": True})
+        store.resume_queue("default")
+        eventually(lambda: _processing(store) == 2)
+        store.cancel(waiting)
+        for _ in range(2):  # the second renewal begins once the first one's answers are read
+            renewed = store.task(holder).lease_until
+            eventually(lambda: store.task(holder).lease_until != renewed)  # noqa: B023
+        loop_free.set()  # "waiting" first runs now, its claim lost, the only slot still held
+        eventually(lambda: worker.stats.abandoned == 1)
+        release.set()
+        eventually(lambda: worker.stats.done == 2)
+    assert ran == ["first", "running"]
+
+
 def test_a_worker_given_a_prefetch_claims_that_many_beyond_free_slots_whatever_its_pace(
         store):
     release = threading.Event()

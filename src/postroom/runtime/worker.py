@@ -512,6 +512,11 @@ class Worker:
 
     async def _run_async(self, spec: HandlerSpec, held: _Held) -> None:
         held.task = asyncio.current_task()
+        if held.cancellation.is_set():
+            # Its claim was lost before the loop first ran it: ``_cancel`` found no task to
+            # cancel, so it must not wait for a slot behind the handlers running.
+            self._ended_one(held, None)
+            return
         try:
             # The threads bound the plain functions; this bounds the coroutines: a
             # prefetched one waits here for one of the ``concurrency`` slots.
