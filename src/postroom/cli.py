@@ -310,22 +310,22 @@ def worker(url: str, *, imports: tuple[str, ...], queues: tuple[str, ...],
     URL may instead be a postroom service (http:// or https://), for a host with no access
     to the database: the handlers then run as a worker principal whose token is read from
     POSTROOM_TOKEN, claiming and committing over HTTP (RemoteWorker); a signal stops it the
-    same way. --timeout, --prefetch, --no-duties, --owner and per-queue --concurrency are
-    the local worker's only.
+    same way. --prefetch, --no-duties and --owner are the local worker's only.
     """
     from postroom.runtime.handlers import App
 
     _log_to_stderr(log_level)
     overall, per_queue = _by_queue(concurrencies, "--concurrency", int)
+    _, per_queue_timeouts = _by_queue(timeouts, "--timeout", float, plain=False)
     if url.startswith(("http://", "https://")):
         _remote_worker(url, App.load(*imports), queues=queues, concurrency=int(overall or 16),
-                       per_queue=per_queue, lease=lease, poll=poll, grace=grace)
+                       per_queue=per_queue, timeouts=per_queue_timeouts, lease=lease,
+                       poll=poll, grace=grace)
         return
 
     from postroom.runtime.worker import Worker, WorkerSettings
     from postroom.store import open_store
 
-    _, per_queue_timeouts = _by_queue(timeouts, "--timeout", float, plain=False)
     settings = WorkerSettings(queues=queues or None, concurrency=int(overall or 16),
                               prefetch=prefetch, lease=lease, grace=grace, poll=poll,
                               duties=not no_duties, owner=owner, queue_concurrency=per_queue,
@@ -348,13 +348,12 @@ def _log_to_stderr(level: str) -> None:
 
 
 #: The options of ``postroom worker`` that only a worker on the store itself has.
-_LOCAL_ONLY = {"timeouts": "--timeout", "prefetch": "--prefetch", "no_duties": "--no-duties",
-               "owner": "--owner"}
+_LOCAL_ONLY = {"prefetch": "--prefetch", "no_duties": "--no-duties", "owner": "--owner"}
 
 
 def _remote_worker(url: str, app: Any, *, queues: tuple[str, ...], concurrency: int,
-                   per_queue: dict[str, Any], lease: float | None, poll: float,
-                   grace: float) -> None:
+                   per_queue: dict[str, Any], timeouts: dict[str, Any], lease: float | None,
+                   poll: float, grace: float) -> None:
     """``postroom worker`` for a service URL: a ``RemoteWorker`` with POSTROOM_TOKEN's
     principal, until a signal."""
     from postroom.client import Client, RemoteWorker
@@ -364,9 +363,6 @@ def _remote_worker(url: str, app: Any, *, queues: tuple[str, ...], concurrency: 
         if context.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT:
             raise click.UsageError(f"{option} is the local worker's: a worker of a service "
                                    f"URL has no such setting")
-    if per_queue:
-        raise click.UsageError("--concurrency QUEUE=N is the local worker's: a worker of a "
-                               "service URL takes one N")
     token = os.environ.get("POSTROOM_TOKEN", "")
     if not token:
         raise click.UsageError("a worker of a service URL needs its principal's token in "
@@ -374,7 +370,7 @@ def _remote_worker(url: str, app: Any, *, queues: tuple[str, ...], concurrency: 
     with Client(url, token) as client:
         running = RemoteWorker(client, app, queues=queues or None, concurrency=concurrency,
                                lease=lease if lease is not None else 30.0, poll=poll,
-                               grace=grace)
+                               grace=grace, queue_concurrency=per_queue, timeouts=timeouts)
         _serve_until_signalled(running.run, running.stop,
                                stopping=f"running handlers have {grace:g}s to end")
 

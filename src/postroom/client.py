@@ -30,6 +30,7 @@ import queue
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -56,6 +57,8 @@ from postroom.runtime.handlers import (
     App,
     Context,
     EventLoopThread,
+    check_by_queue,
+    execution_timeouts,
     outcome_of,
     refused_finish,
     timed_out,
@@ -122,6 +125,13 @@ class _Op:
 
 def _given(**values: Any) -> dict[str, Any]:
     return {name: value for name, value in values.items() if value is not None}
+
+
+def _claiming(queues: Sequence[str] | None, limit: int, lease: float | None,
+              per_queue: Mapping[str, int] | None, **more: Any) -> dict[str, Any]:
+    """The body of a claim (``/v1/claims``, or a settlement's ``claim``)."""
+    return _given(queues=None if queues is None else list(queues), limit=limit, lease=lease,
+                  per_queue=dict(per_queue) if per_queue else None, **more)
 
 
 def _ack(answer: Any) -> Ack:
@@ -242,12 +252,13 @@ class _Api:
 
     # workers
     def claim(self, *, queues: Sequence[str] | None = None, limit: int = 1,
-              lease: float | None = None, wait: float = 0.0) -> Any:
+              lease: float | None = None, wait: float = 0.0,
+              per_queue: Mapping[str, int] | None = None) -> Any:
         """Claim up to ``limit`` tasks of the worker's queues, waiting up to ``wait`` seconds
-        for one: a list of ``Claim`` (empty if none came)."""
-        return self._send(_Op("POST", "/v1/claims", _given(
-            queues=None if queues is None else list(queues), limit=limit, lease=lease,
-            wait=wait), read=_claims))
+        for one: a list of ``Claim`` (empty if none came); of a queue named in
+        ``per_queue``, at most that many."""
+        return self._send(_Op("POST", "/v1/claims", _claiming(
+            queues, limit, lease, per_queue, wait=wait), read=_claims))
 
     def renew(self, claim: Claim, *, lease: float | None = None) -> Any:
         """Extend a claim's lease: ``{"lease_until": ...}``; ``Fenced`` if it is lost."""
@@ -280,11 +291,12 @@ class _Api:
 
     def settle_and_claim(self, outcomes: Sequence[Finished | Failed | Released], limit: int,
                          *, queues: Sequence[str] | None = None,
-                         lease: float | None = None) -> Any:
+                         lease: float | None = None,
+                         per_queue: Mapping[str, int] | None = None) -> Any:
         """``settle_many``, and claim up to ``limit`` tasks in the same transaction (without
-        waiting): ``(settled, claims)``."""
-        body = {**_settlement(outcomes), "claim": _given(
-            queues=None if queues is None else list(queues), limit=limit, lease=lease)}
+        waiting, ``per_queue`` as for ``claim``): ``(settled, claims)``."""
+        body = {**_settlement(outcomes),
+                "claim": _claiming(queues, limit, lease, per_queue)}
         return self._send(_Op("POST", "/v1/settlements", body,
                               read=lambda answer: (_settled(answer), _claims(answer))))
 
@@ -548,12 +560,17 @@ class RemoteWorker:
 
     ``run`` claims, up to ``batch`` tasks a request and as many as it has free slots, until
     ``stop()`` (then the handlers running get ``grace`` seconds before their claims are
-    released); ``run_once`` claims and works one round (for tests and scripts).
+    released); ``run_once`` claims and works one round (for tests and scripts). As in the
+    local worker's settings, ``queue_concurrency[queue]`` caps the tasks of ``queue`` held at
+    once (each claim asks the service for no more than the cap leaves), and
+    ``timeouts[queue]`` is the execution timeout of a handler that sets none of its own.
     """
 
     def __init__(self, client: Client, app: App, *, queues: Sequence[str] | None = None,
                  concurrency: int = 16, batch: int | None = None, lease: float = 30.0,
-                 poll: float = 5.0, grace: float = 30.0) -> None:
+                 poll: float = 5.0, grace: float = 30.0,
+                 queue_concurrency: Mapping[str, int] | None = None,
+                 timeouts: Mapping[str, float] | None = None) -> None:
         if not 1 <= concurrency <= 1024:
             raise InvalidInput("concurrency", "must be 1 .. 1024")
         batch = min(concurrency, _MOST_PER_REQUEST) if batch is None else batch
@@ -565,6 +582,10 @@ class RemoteWorker:
         self.client = client
         self.app = app
         self.queues = list(queues) if queues is not None else list(app.queues)
+        caps, timeouts = dict(queue_concurrency or {}), dict(timeouts or {})
+        check_by_queue(caps, timeouts, self.queues)
+        self.queue_concurrency = caps
+        self._timeouts = execution_timeouts(app, self.queues, timeouts)
         self.concurrency = concurrency
         self.batch = batch
         self.lease = lease
@@ -580,6 +601,7 @@ class RemoteWorker:
         self._loop: EventLoopThread | None = None
         self._coroutines: dict[str, concurrent.futures.Future[Any]] = {}
         self._ended: set[str] = set()  # tasks held whose attempt ended (see ``_ends_first``)
+        self._reserved_of: Counter[str] = Counter()  # per capped queue: claims in flight
 
     def stop(self) -> None:
         """Stop claiming; ``run`` returns once the handlers running have ended and their
@@ -596,11 +618,16 @@ class RemoteWorker:
             with self._working(gathered=False) as work:
                 while not self._stopping.is_set():
                     free = self._free_slots()
-                    claims = self._claim(free, wait=self.poll) if free else []
+                    with self._capped(free) as (limit, caps):
+                        claims = self._claim(limit, caps, wait=self.poll) if limit else []
+                        for claim in claims:
+                            work(claim)
                     for _ in range(free - len(claims)):
                         self._slots.release()
-                    for claim in claims:
-                        work(claim)
+                    if free and not limit:  # every queue at its cap: wait for room
+                        with self._changed:
+                            self._changed.wait_for(
+                                lambda: max(self._room().values()) > 0, timeout=self.poll)
         finally:
             self.close()
             _log.info("remote worker stopped: %s", self.settled)
@@ -609,9 +636,9 @@ class RemoteWorker:
         """Claim up to ``batch`` tasks (waiting up to ``wait`` seconds), work them, at most
         ``concurrency`` at once, and commit their outcomes with one request; how many were
         claimed."""
-        with self._working(gathered=True) as work:
-            claims = self.client.claim(queues=self.queues, limit=self.batch,
-                                       lease=self.lease, wait=wait)
+        with self._working(gathered=True) as work, self._capped(self.batch) as (limit, caps):
+            claims = self.client.claim(queues=self.queues, limit=limit, lease=self.lease,
+                                       wait=wait, per_queue=caps) if limit else []
             for claim in claims:
                 work(claim)
         return len(claims)
@@ -673,11 +700,11 @@ class RemoteWorker:
         context = Context(claim)
         with self._lock:
             self._held[claim.task_id] = (claim, context)
-        spec = self.app.handler_for(claim.queue)
+        seconds = self._timeouts.get(claim.queue)
         watch = None
-        if spec is not None and spec.timeout is not None:
-            watch = threading.Timer(spec.timeout, self._time_out,
-                                    args=(claim, context, spec.timeout, outcomes))
+        if seconds is not None:
+            watch = threading.Timer(seconds, self._time_out,
+                                    args=(claim, context, seconds, outcomes))
             watch.daemon = True
             watch.start()
 
@@ -730,10 +757,41 @@ class RemoteWorker:
             taken += 1
         return taken
 
-    def _claim(self, limit: int, *, wait: float) -> list[Claim]:
+    @contextmanager
+    def _capped(self, limit: int, leaving: Sequence[Claim] = ()
+                ) -> Iterator[tuple[int, dict[str, int]]]:
+        """How many tasks to claim now (at most ``limit``) and, per capped queue, how many
+        at most: what its cap leaves of the tasks held (less ``leaving``, which the same
+        request settles) and of the other claims in flight. Reserved for the block, which
+        holds what it claimed before it ends."""
+        if not self.queue_concurrency:
+            yield limit, {}
+            return
+        with self._lock:
+            caps = {queue: max(0, min(limit, room))
+                    for queue, room in self._room(leaving).items()}
+            if len(caps) == len(self.queues):
+                limit = min(limit, sum(caps.values()))
+            self._reserved_of.update(caps)
+        try:
+            yield limit, caps
+        finally:
+            with self._lock:
+                self._reserved_of.subtract(caps)
+
+    def _room(self, leaving: Sequence[Claim] = ()) -> dict[str, int]:
+        """Under the lock: per capped queue, what its cap leaves of the tasks held (less
+        ``leaving``) and of the claims in flight (negative past it)."""
+        held = Counter(claim.queue for claim, _ in self._held.values())
+        held.subtract(claim.queue for claim in leaving)
+        return {queue: cap - held[queue] - self._reserved_of[queue]
+                for queue, cap in self.queue_concurrency.items()}
+
+    def _claim(self, limit: int, caps: Mapping[str, int], *, wait: float) -> list[Claim]:
         try:
             claims: list[Claim] = self.client.claim(queues=self.queues, limit=limit,
-                                                    lease=self.lease, wait=wait)
+                                                    lease=self.lease, wait=wait,
+                                                    per_queue=caps)
             return claims
         except (httpx.HTTPError, ServiceError) as exc:
             _log.warning("claiming failed; trying again: %s", exc)
@@ -771,10 +829,12 @@ class RemoteWorker:
             if not batch:
                 continue
             claiming = start is not None and not (closing.is_set() or self._stopping.is_set())
-            claims = self._settle(batch, min(len(batch), self.batch) if claiming else 0)
-            for claim in claims:
-                assert start is not None
-                start(claim)  # in the slot a settled task left
+            with self._capped(min(len(batch), self.batch) if claiming else 0,
+                              [claim for claim, _, _ in batch]) as (limit, caps):
+                claims = self._settle(batch, limit, caps)
+                for claim in claims:
+                    assert start is not None
+                    start(claim)  # in the slot a settled task left
             # Only now are the settled ones let go: the tasks held never run out while
             # their successors start, so no outcome can come after the end is announced.
             with self._changed:
@@ -785,9 +845,9 @@ class RemoteWorker:
             for _ in range(len(batch) - len(claims) if start is not None else 0):
                 self._slots.release()
 
-    def _settle(self, batch: list[_Done], claim: int) -> list[Claim]:
-        """Commit ``batch``'s outcomes (and claim up to ``claim`` tasks with the first
-        request): the tasks claimed."""
+    def _settle(self, batch: list[_Done], claim: int, caps: Mapping[str, int]) -> list[Claim]:
+        """Commit ``batch``'s outcomes (and claim up to ``claim`` tasks, ``caps`` per queue,
+        with the first request): the tasks claimed."""
         sending: list[Finished | Failed | Released] = []
         for _, context, outcome in batch:
             if outcome is None or context.cancelled:
@@ -798,7 +858,7 @@ class RemoteWorker:
         failures = 0
         while sending:
             try:
-                results, claimed = self._commit(sending, claim)
+                results, claimed = self._commit(sending, claim, caps)
                 claims, claim = claims + claimed, 0
             except (httpx.HTTPError, ServiceError) as exc:
                 failures += 1
@@ -814,15 +874,15 @@ class RemoteWorker:
                        if (instead := self._after(outcome, result)) is not None]
         return claims
 
-    def _commit(self, sending: list[Finished | Failed | Released],
-                claim: int) -> tuple[list[Settled], list[Claim]]:
+    def _commit(self, sending: list[Finished | Failed | Released], claim: int,
+                caps: Mapping[str, int]) -> tuple[list[Settled], list[Claim]]:
         """One request committing ``sending`` (and claiming up to ``claim`` tasks). Outcomes
         together too large for the service's body limit are sent in halves; one too large
         alone is refused as an input (so a finish fails its attempt instead)."""
         try:
             if claim:
                 answer: tuple[list[Settled], list[Claim]] = self.client.settle_and_claim(
-                    sending, claim, queues=self.queues, lease=self.lease)
+                    sending, claim, queues=self.queues, lease=self.lease, per_queue=caps)
                 return answer
             return self.client.settle_many(sending), []
         except ServiceError as exc:
@@ -832,8 +892,8 @@ class RemoteWorker:
                 return [Settled(task_id=sending[0].claim.task_id, error=InvalidInput(
                     "body", "the outcome is larger than the service takes"))], []
             half = len(sending) // 2
-            first, claims = self._commit(sending[:half], claim)
-            rest, _ = self._commit(sending[half:], 0)
+            first, claims = self._commit(sending[:half], claim, caps)
+            rest, _ = self._commit(sending[half:], 0, caps)
             return first + rest, claims
 
     def _after(self, outcome: Finished | Failed | Released,

@@ -311,6 +311,48 @@ def test_a_settlement_claims_only_from_the_queues_the_worker_is_granted(service)
     assert service.store.task(held["task_id"]).state == "running"
 
 
+def two_queue_worker(service, per_queue: int = 3) -> httpx.Client:
+    """A worker granted ``default`` and ``other``, with ``per_queue`` tasks pending in each
+    (``default``'s submitted first)."""
+    service.tokens["wes"] = service.store.add_principal(
+        "wes", "worker", queues=("default", "other")).token
+    with service.http("alice") as http:
+        for queue in ("default", "other"):
+            for n in range(per_queue):
+                submit(http, f"{queue}-{n}", queue=queue)
+    return service.http("wes")
+
+
+def test_a_claim_takes_no_more_of_a_queue_than_its_per_queue_cap(service):
+    worker = two_queue_worker(service)
+    answer = worker.post("/v1/claims", json={"limit": 6, "per_queue": {"default": 1}})
+    assert answer.status_code == 200, answer.text
+    queues = [service.store.task(held["task_id"]).queue for held in answer.json()["claims"]]
+    assert sorted(queues) == ["default", "other", "other", "other"]
+
+
+def test_a_settlements_claim_keeps_to_its_per_queue_caps(service):
+    worker = two_queue_worker(service, per_queue=2)
+    [held] = worker.post("/v1/claims", json={"queues": ["default"]}).json()["claims"]
+    answer = worker.post("/v1/settlements", json={
+        "outcomes": [{"task_id": held["task_id"], "fence": held["fence"], "outcome": "finish"}],
+        "claim": {"limit": 4, "per_queue": {"default": 0, "other": 1}}})
+    assert answer.status_code == 200, answer.text
+    [claimed] = answer.json()["claims"]
+    assert service.store.task(claimed["task_id"]).queue == "other"
+
+
+@pytest.mark.parametrize(("per_queue", "field"), [
+    ({"default": -1}, "per_queue.default"),
+    ({"default": "2"}, "per_queue.default"),
+    ({f"q{n}": 1 for n in range(65)}, "per_queue"),
+    ({"elsewhere": 1}, "per_queue"),  # not a queue of this claim
+])
+def test_a_per_queue_cap_that_cannot_be_is_400_naming_the_field(service, per_queue, field):
+    answer = service.http("wendy").post("/v1/claims", json={"per_queue": per_queue})
+    assert answer.status_code == 400 and answer.json()["field"] == field, answer.text
+
+
 def test_renewals_move_each_lease_held_and_answer_each_other_in_its_place(service):
     held, stale = held_tasks(service, 2)
     answer = service.http("wendy").post("/v1/renewals", json={"lease": 90, "claims": [

@@ -152,24 +152,31 @@ def submitted(service, count: int, prefix: str = "r") -> list[str]:
             for n in range(count)]
 
 
+class Meeting:
+    """Handlers that meet in groups of ``size`` (a barrier, broken unless that many run at
+    once), counting the most that ran at once."""
+
+    def __init__(self, size: int) -> None:
+        self._lock = threading.Lock()
+        self._barrier = threading.Barrier(size, timeout=30)
+        self.running = self.most = 0
+
+    def attend(self) -> None:
+        with self._lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        self._barrier.wait()
+        with self._lock:
+            self.running -= 1
+
+
 def test_a_remote_worker_runs_up_to_its_concurrency_of_handlers_at_once(service):
-    app, lock = App(), threading.Lock()
-    running, most = [0], [0]
-    together = threading.Barrier(3, timeout=30)  # broken unless three run at once
-
-    @app.handler("default")
-    def handle(payload: dict, ctx: Context) -> None:
-        with lock:
-            running[0] += 1
-            most[0] = max(most[0], running[0])
-        together.wait()
-        with lock:
-            running[0] -= 1
-
+    app, threes = App(), Meeting(3)
+    app.handler("default")(lambda payload, ctx: threes.attend())
     task_ids = submitted(service, 6)
     worker = RemoteWorker(service.client("wendy"), app, concurrency=3, batch=6)
     assert worker.run_once() == 6
-    assert most[0] == 3
+    assert threes.most == 3
     assert {service.store.task(task_id).state for task_id in task_ids} == {"done"}
 
 
@@ -417,3 +424,69 @@ def test_a_remote_handler_past_its_timeout_is_abandoned_and_its_attempt_fails(se
     assert task.last_error == "timed out: ran past its execution timeout of 0.2s"
     assert seen == ["cancelled" if coroutine else "told"]
     assert worker.settled == {"finish": 0, "fail": 1, "release": 0, "fenced": 0}
+
+
+def test_a_remote_worker_claims_no_more_of_a_capped_queue_than_its_cap_leaves(service):
+    service.tokens["wes"] = service.store.add_principal(
+        "wes", "worker", queues=("default", "other")).token
+    app, agent = App(), service.client("alice")
+    for queue in ("default", "other"):
+        app.handler(queue)(lambda payload, ctx: "ok")
+        for n in range(3):
+            agent.submit(f"{queue}-{n}", {"n": n}, deadline=DEADLINE, queue=queue)
+    worker = RemoteWorker(service.client("wes"), app, batch=6,
+                          queue_concurrency={"default": 1})
+    assert worker.run_once() == 4  # one of default's three, and all of other's
+    done = [task for task in service.store.list_tasks(state="done").items]
+    assert sorted(task.queue for task in done) == ["default", "other", "other", "other"]
+
+
+def test_a_running_remote_worker_runs_no_more_of_a_queue_at_once_than_its_cap(service):
+    service.tokens["wes"] = service.store.add_principal(
+        "wes", "worker", queues=("default", "other")).token
+    app, pairs, all_done, done = App(), Meeting(2), threading.Event(), []
+
+    @app.handler("default")
+    def capped(payload: dict, ctx: Context) -> None:
+        pairs.attend()
+        done.append(ctx.task_id)
+        if len(done) == 8:
+            all_done.set()
+
+    app.handler("other")(lambda payload, ctx: "ok")  # quick: its slots free up first
+    agent = service.client("alice")
+    acks = [agent.submit(f"{queue}-{n}", {"n": n}, deadline=DEADLINE, queue=queue)
+            for queue in ("default", "other") for n in range(8)]
+    worker = RemoteWorker(service.client("wes"), app, concurrency=6, poll=0.05,
+                          queue_concurrency={"default": 2})
+    assert stopped_once(worker, all_done)
+    assert pairs.most == 2
+    assert {service.store.task(ack.task_id).state for ack in acks} == {"done"}
+
+
+def test_a_remote_workers_timeout_for_a_queue_holds_for_a_handler_that_sets_none(service):
+    app = App()
+
+    @app.handler("default")
+    async def hang(payload: dict, ctx: Context) -> str:
+        await asyncio.sleep(60)
+        return "too late"
+
+    [task_id] = submitted(service, 1)
+    worker = RemoteWorker(service.client("wendy"), app, timeouts={"default": 0.2})
+    worker.run_once()
+    worker.close()
+    task = service.store.task(task_id)
+    assert task.last_error == "timed out: ran past its execution timeout of 0.2s"
+
+
+@pytest.mark.parametrize(("given", "problem"), [
+    ({"queue_concurrency": {"other": 1}}, "queue_concurrency: not a queue this worker claims"),
+    ({"queue_concurrency": {"default": 0}}, "queue_concurrency['default']"),
+    ({"timeouts": {"default": -1}}, "timeouts['default']"),
+])
+def test_a_remote_worker_refuses_per_queue_settings_that_cannot_be(service, given, problem):
+    app = App()
+    app.handler("default")(lambda payload, ctx: None)
+    with pytest.raises(postroom.InvalidInput, match=problem.replace("[", r"\[")):
+        RemoteWorker(service.client("wendy"), app, **given)

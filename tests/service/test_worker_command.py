@@ -54,7 +54,9 @@ def test_a_worker_given_a_service_url_runs_the_handlers_over_http_until_sigterm(
     ([], "", "POSTROOM_TOKEN"),
     (["--prefetch", "4"], "t", "--prefetch is the local worker's"),
     (["--owner", "me"], "t", "--owner is the local worker's"),
-    (["--concurrency", "default=2"], "t", "--concurrency QUEUE=N is the local worker's"),
+    (["--no-duties"], "t", "--no-duties is the local worker's"),
+    (["--concurrency", "other=2"], "t", "queue_concurrency: not a queue this worker claims"),
+    (["--timeout", "default=0"], "t", "timeouts['default']: must be a number of seconds"),
 ])
 def test_a_worker_of_a_service_url_that_cannot_run_says_why_and_exits_2(jobs, args, token,
                                                                         problem):

@@ -49,7 +49,17 @@ from postroom import (
 )
 from postroom.http.problems import NOT_FOUND, Problem, problem_for
 from postroom.http.routing import Answer, Call
-from postroom.http.schemas import Schema, array, boolean, integer, nullable, number, obj, text
+from postroom.http.schemas import (
+    Schema,
+    array,
+    boolean,
+    integer,
+    mapping,
+    nullable,
+    number,
+    obj,
+    text,
+)
 from postroom.principals import (
     may_answer,
     may_read_approval,
@@ -99,7 +109,9 @@ REASON_BODY = obj({"reason": REASON}, required=("reason",))
 OPTIONAL_REASON = obj({"reason": REASON})
 CLAIM_BODY = obj({"queues": array(text(), max_items=64, min_items=1),
                   "limit": integer(1, MAX_CLAIMS), "lease": LEASE,
-                  "wait": number(minimum=0, maximum=3600)})
+                  "wait": number(minimum=0, maximum=3600),
+                  # The claimer's own cap per queue (a worker's per-queue concurrency).
+                  "per_queue": mapping(integer(0, MAX_CLAIMS), max_properties=64)})
 CLAIM = obj({"task_id": {"type": "string"}, "fence": {"type": "integer"},
              "payload": OBJECT}, required=("task_id", "fence", "payload"), closed=False)
 CLAIMS = obj({"claims": array(CLAIM, max_items=MAX_CLAIMS)}, required=("claims",))
@@ -147,7 +159,7 @@ SETTLEMENT = obj({"task_id": TASK_ID, "fence": FENCE,
                  required=("task_id", "fence", "outcome"))
 SETTLE_BODY = obj({"outcomes": array(SETTLEMENT, max_items=MAX_CLAIMS, min_items=1),
                    "claim": obj({name: CLAIM_BODY["properties"][name]
-                                 for name in ("queues", "limit", "lease")})},
+                                 for name in ("queues", "limit", "lease", "per_queue")})},
                   required=("outcomes",))
 SETTLED = obj({"settled": array(obj({"task_id": {"type": "string"}}, required=("task_id",),
                                     closed=False), max_items=MAX_CLAIMS),
@@ -391,7 +403,8 @@ def _granted(call: Call, queues: list[str] | None, field: str) -> list[str]:
 
 def claim(call: Call) -> Answer:
     """Claim up to ``limit`` tasks of the caller's granted queues, waiting up to ``wait``
-    seconds (bounded by the service) for one to come."""
+    seconds (bounded by the service) for one to come; of a queue named in ``per_queue``, at
+    most that many."""
     body = call.body
     queues = _granted(call, body.get("queues"), "queues")
     limit = body.get("limit", 1)
@@ -401,7 +414,8 @@ def claim(call: Call) -> Answer:
     waiter = call.store.waiter(queues) if wait > 0 else None
     while True:
         claims = call.store.claim_batch(owner_of(call), limit, queues=queues,
-                                        lease=body.get("lease"))
+                                        lease=body.get("lease"),
+                                        per_queue=body.get("per_queue"))
         left = deadline - time.monotonic()
         if claims or left <= 0 or waiter is None:
             return Answer(body={"claims": [_claim_json(item) for item in claims]})
@@ -549,7 +563,7 @@ def settle(call: Call) -> Answer:
     if wanted:
         settled, claims = call.store.settle_and_claim(
             outcomes, owner_of(call), wanted.get("limit", 1), queues=queues,
-            lease=wanted.get("lease"))
+            lease=wanted.get("lease"), per_queue=wanted.get("per_queue"))
     else:
         settled = call.store.settle(outcomes)
     for place, ((index, _), done) in enumerate(zip(ready, settled, strict=True)):

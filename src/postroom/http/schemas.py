@@ -3,8 +3,9 @@
 Each route of the table (``postroom.http.app``) declares its body and query schemas; the
 OpenAPI document publishes them and ``check`` refuses a request that breaks one before its
 handler runs, naming the field (``InvalidInput``). Only the keywords used here are
-understood (``type``, ``properties``, ``required``, ``additionalProperties``, ``items``,
-``maxItems``, ``minItems``, ``enum``, ``minimum``, ``maximum``, ``minLength``, ``maxLength``);
+understood (``type``, ``properties``, ``required``, ``additionalProperties`` (``false``, or
+the schema of every other property), ``maxProperties``, ``items``, ``maxItems``,
+``minItems``, ``enum``, ``minimum``, ``maximum``, ``minLength``, ``maxLength``);
 the store still checks every limit of its own (UTF-8 bytes, depth, sizes) on what it is given.
 """
 
@@ -15,7 +16,8 @@ from typing import Any
 
 from postroom import InvalidInput
 
-__all__ = ["Schema", "array", "boolean", "check", "integer", "nullable", "number", "obj", "text"]
+__all__ = ["Schema", "array", "boolean", "check", "integer", "mapping", "nullable", "number",
+           "obj", "text"]
 
 Schema = dict[str, Any]
 
@@ -62,6 +64,12 @@ def obj(properties: Mapping[str, Schema], *, required: tuple[str, ...] = (),
     return {**schema, **more}
 
 
+def mapping(values: Schema, *, max_properties: int) -> Schema:
+    """An object of at most ``max_properties`` names of the caller's choosing (queue names,
+    say), each holding a ``values``."""
+    return {"type": "object", "additionalProperties": values, "maxProperties": max_properties}
+
+
 def nullable(schema: Schema) -> Schema:
     """``schema`` or ``null``."""
     return {**schema, "type": [schema["type"], "null"]}
@@ -103,13 +111,18 @@ def check(value: object, schema: Schema, field: str) -> None:
             for index, item in enumerate(value):
                 check(item, schema["items"], f"{field}[{index}]")
     if isinstance(value, dict):
+        if len(value) > schema.get("maxProperties", len(value)):
+            raise InvalidInput(field, f"must have at most {schema['maxProperties']} names")
         properties: Mapping[str, Schema] = schema.get("properties", {})
         for name in schema.get("required", ()):
             if name not in value:
                 raise InvalidInput(f"{field}.{name}" if field else name, "is required")
+        others = schema.get("additionalProperties", True)
         for name, item in value.items():
             inner = f"{field}.{name}" if field else str(name)
             if name in properties:
                 check(item, properties[name], inner)
-            elif schema.get("additionalProperties", True) is False:
+            elif others is False:
                 raise InvalidInput(inner, "is not a field of this request")
+            elif isinstance(others, dict):
+                check(item, others, inner)

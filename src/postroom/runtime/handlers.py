@@ -30,7 +30,7 @@ import inspect
 import os
 import sys
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -46,10 +46,11 @@ from postroom.models import (
     SideEffect,
 )
 from postroom.runtime.duty import check_interval
-from postroom.validation import DEFAULT_LIMITS, check_text
+from postroom.validation import DEFAULT_LIMITS, check_int, check_text
 
 __all__ = ["App", "Context", "EventLoopThread", "Handler", "HandlerSpec", "PermanentFailure",
-           "Resumer", "failure_reason", "outcome_of", "refused_finish", "timed_out"]
+           "Resumer", "check_by_queue", "execution_timeouts", "failure_reason", "outcome_of",
+           "refused_finish", "timed_out"]
 
 #: How much of a failure's text is kept as the task's error (the store takes up to 4 KiB).
 _REASON_CHARS = 1000
@@ -357,6 +358,40 @@ class Context:
     def waits(self) -> tuple[OpenWait, ...]:
         """The waits asked for so far."""
         return tuple(self._waits)
+
+
+def check_by_queue(queue_concurrency: object, timeouts: object,
+                   queues: Sequence[str] | None = None) -> None:
+    """Refuse a worker's per-queue settings unless each maps queue names (of ``queues``,
+    when given) to a concurrency (1..1024) or an execution timeout in seconds:
+    ``InvalidInput`` naming the setting and, for a value, its queue."""
+    for name, given, check in (("queue_concurrency", queue_concurrency, _check_concurrency),
+                               ("timeouts", timeouts, check_interval)):
+        if not isinstance(given, Mapping) or not all(isinstance(key, str) for key in given):
+            raise InvalidInput(name, "must be a mapping of queue names")
+        for queue_name, value in given.items():
+            check(value, f"{name}[{queue_name!r}]")
+        strangers = [] if queues is None else [key for key in given if key not in queues]
+        if strangers:
+            raise InvalidInput(name, f"not a queue this worker claims: "
+                                     f"{', '.join(map(repr, strangers))}")
+
+
+def _check_concurrency(value: object, field: str) -> None:
+    check_int(value, field, low=1, high=1024)
+
+
+def execution_timeouts(app: App, queues: Sequence[str],
+                       timeouts: Mapping[str, float]) -> dict[str, float]:
+    """Each of ``queues``' execution timeout, where it has one: its handler's own
+    (``timeout=``), else the worker's ``timeouts[queue]``."""
+    chosen: dict[str, float] = {}
+    for name in queues:
+        spec = app.handler_for(name)
+        seconds = spec.timeout if spec and spec.timeout else timeouts.get(name)
+        if seconds is not None:
+            chosen[name] = seconds
+    return chosen
 
 
 def failure_reason(text: str) -> str:

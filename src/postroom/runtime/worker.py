@@ -63,6 +63,8 @@ from postroom.runtime.handlers import (
     Context,
     EventLoopThread,
     HandlerSpec,
+    check_by_queue,
+    execution_timeouts,
     outcome_of,
     refused_finish,
     timed_out,
@@ -154,13 +156,7 @@ class WorkerSettings:
                                          f"{value!r}")
         if self.owner is not None:
             check_text(self.owner, "owner", max_bytes=128)
-        for name, check in (("queue_concurrency", lambda value, field: check_int(
-                value, field, low=1, high=1024)), ("timeouts", check_interval)):
-            given = getattr(self, name)
-            if not isinstance(given, Mapping) or not all(isinstance(key, str) for key in given):
-                raise InvalidInput(name, "must be a mapping of queue names")
-            for queue_name, value in given.items():
-                check(value, f"{name}[{queue_name!r}]")
+        check_by_queue(self.queue_concurrency, self.timeouts)
 
 
 @dataclass(slots=True)
@@ -284,18 +280,9 @@ class Worker:
         if missing:
             raise InvalidInput("queues", f"no handler for {', '.join(map(repr, missing))}")
         self.queues = tuple(queues)
-        for name in ("queue_concurrency", "timeouts"):
-            strangers = [queue for queue in getattr(settings, name) if queue not in self.queues]
-            if strangers:
-                raise InvalidInput(name, f"not a queue this worker claims: "
-                                         f"{', '.join(map(repr, strangers))}")
+        check_by_queue(settings.queue_concurrency, settings.timeouts, self.queues)
         self._caps = dict(settings.queue_concurrency)
-        self._timeouts: dict[str, float] = {}  # the handler's own, else the worker's default
-        for name in self.queues:
-            spec = app.handler_for(name)
-            seconds = spec.timeout if spec and spec.timeout else settings.timeouts.get(name)
-            if seconds is not None:
-                self._timeouts[name] = seconds
+        self._timeouts = execution_timeouts(app, self.queues, settings.timeouts)
         self._clock: Clock = clock if clock is not None else _Monotonic()
         self._lease = settings.lease if settings.lease is not None else store.settings.lease
         self._renew_every = (settings.renew_every if settings.renew_every is not None

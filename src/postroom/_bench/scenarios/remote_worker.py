@@ -47,7 +47,9 @@ def _round(store: postroom.Store, client: object, queue: str, tasks: int, *,
         store.receive_atomic(_AUTH, [postroom.Envelope(
             message_id=f"{queue}-{n}", sender="bench", queue=queue, payload={},
             deadline=deadline) for n in range(first, first + tasks)])
-        worker = RemoteWorker(client, app, queues=[queue], poll=0.2, **options)
+        worker = RemoteWorker(client, app, queues=[queue], poll=0.2,
+                              concurrency=options.get("concurrency", 16),
+                              batch=options.get("batch"))
         running = threading.Thread(target=worker.run, name="bench-remote-worker")
         start = time.perf_counter()
         running.start()
