@@ -56,11 +56,12 @@ def analyze(store: postroom.Store) -> None:
 
 
 def stored(store: postroom.Store) -> dict[str, list[dict[str, object]]]:
-    """Every row of the tasks, replies and time high-water tables: what a refused call must
-    leave exactly as it was."""
+    """Every row of the tasks and replies, and the counts with the time high-water: what a
+    refused call must leave exactly as it was."""
     def read(tx: Tx) -> dict[str, list[dict[str, object]]]:
-        return {table: [dict(row) for row in tx.execute(f"SELECT * FROM {table} ORDER BY 1")]
-                for table in ("tasks", "replies", "postroom_clock")}
+        return {table: [dict(row) for row in tx.execute(f"SELECT * FROM {table} ORDER BY {key}")]
+                for table, key in (("tasks", "id"), ("replies", "id"),
+                                   ("postroom_counts", "kind, queue, state, shard"))}
 
     return database_of(store).read(read)
 

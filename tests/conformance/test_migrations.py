@@ -155,12 +155,12 @@ def test_an_upgrade_routes_earlier_replies_from_their_tasks_and_keeps_their_bodi
     url = make_url("v4")
     with closing_database(url) as database:
         database.migrate("store", target=4)
-        with database.transaction(Write("test.legacy")) as tx:
+        with database.transaction(Write("test.legacy", timed=False)) as tx:
             root = _legacy_task(tx, principal="planner", message_id="root", parent=None,
                                 now=1000.0)
             child = _legacy_task(tx, principal=follow_up_principal(root), message_id="part",
                                  parent=root, now=1001.0)
-            tx.execute("UPDATE postroom_clock SET high_water = 1001")
+            tx.execute("UPDATE postroom_clock SET high_water = 1001")  # before version 14
     with postroom.open_store(url) as store:
         bodies = {task_id: store.reply(task_id).body for task_id in (root, child)}
         assert {task_id: store.task(task_id).requester for task_id in (root, child)} == {
@@ -238,7 +238,7 @@ def test_an_upgrade_to_one_row_per_task_keeps_every_promise_made(make_url):
     url = make_url("v11")
     with closing(Database(dialect_for_url(url), clock=postroom.ManualClock(1100.0))) as database:
         database.migrate("store", target=11)
-        with database.transaction(Write("test.v11")) as tx:
+        with database.transaction(Write("test.v11", timed=False)) as tx:
             root = _v11_task(tx, principal="planner", message_id="root", state="done",
                              created_at=1000.0, fence=1, attempts=1, reply_state="sent")
             child = _v11_task(tx, principal=follow_up_principal(root), message_id="part",
@@ -281,6 +281,24 @@ def test_an_upgrade_to_one_row_per_task_keeps_every_promise_made(make_url):
             assert (report.claimed, report.sent) == (2, 2)
             assert store.reply(root).state is postroom.ReplyState.SENT
     assert audit_url(url) == []
+
+
+def test_an_upgrade_keeps_the_time_high_water_beside_the_counts(make_url, auth):
+    """Version 14 moves the high-water into postroom_counts: a decision after the upgrade
+    still never goes below one committed before it, and the counts are kept."""
+    from postroom.db import Write
+
+    url = make_url("v13")
+    with closing(Database(dialect_for_url(url), track_time=False)) as database:
+        database.migrate("store", target=13)
+        with database.transaction(Write("test.v13", timed=False)) as tx:
+            tx.execute("UPDATE postroom_clock SET high_water = 5000 WHERE id = 1")
+            tx.execute("INSERT INTO postroom_counts (kind, queue, state, shard, n) "
+                       "VALUES ('task', 'default', 'done', 1, 7)")
+    with postroom.open_store(url, clock=postroom.ManualClock(1000.0)) as store:
+        ack = store.receive(auth, envelope("after", deadline=9000.0))
+        assert store.task(ack.task_id).created_at == 5000.0
+        assert store.status().queues["default"].outcomes[postroom.TaskState.DONE] == 7
 
 
 def test_an_upgraded_receiver_keeps_its_receipts_and_effects(make_url):

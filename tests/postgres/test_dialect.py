@@ -87,14 +87,16 @@ def test_the_server_clock_is_the_default_time_source(pg_url):
 
 def test_a_decision_never_goes_below_the_greatest_high_water_row(pg_store, pg_url, auth):
     with raw(pg_url) as conn:  # some other connection's row holds the latest decision
-        conn.execute("UPDATE postroom_clock SET high_water = %s WHERE id = 17", [START + 500])
+        conn.execute("UPDATE postroom_counts SET high_water = %s "
+                     "WHERE kind = 'clock' AND shard = 17", [START + 500])
     ack = pg_store.receive(auth, envelope(deadline=START + 3600))
     assert pg_store.task(ack.task_id).created_at == START + 500
 
 
 def test_the_high_water_is_kept_in_one_row_per_shard(pg_store, pg_url):
     with raw(pg_url) as conn:
-        ids = [row[0] for row in conn.execute("SELECT id FROM postroom_clock ORDER BY id")]
+        ids = [row[0] for row in conn.execute(
+            "SELECT shard FROM postroom_counts WHERE kind = 'clock' ORDER BY shard")]
     assert ids == list(range(_CLOCK_SHARDS))
 
 
@@ -106,7 +108,7 @@ def test_a_write_advances_the_row_of_its_server_process(pg_store, pg_url, auth):
         tx.change("stream_create", principal="p", stream="s")
         tx.now = START + 42
     with raw(pg_url) as conn:
-        rows = conn.execute("SELECT id FROM postroom_clock WHERE high_water = %s",
+        rows = conn.execute("SELECT shard FROM postroom_counts WHERE high_water = %s",
                             [START + 42]).fetchall()
     assert rows == [(shard,)]
 

@@ -4,16 +4,18 @@ A commit appends one WAL frame per page it changed, and every b-tree it touches 
 least one, so the layout keeps one b-tree per question a rule asks (schema 12: a task is one
 row with one unique index for its identity, a reply is keyed by its task's integer, a root
 alone has no chain row, a claim leaves the index of live deadlines alone, a receive keeps its
-time in its task's created_at rather than a clock row). These tests read the
-frames each step appends and name the b-tree each page belongs to (SQLite's ``dbstat``): an
-index added to the hot path, or a rule that starts writing another table, shows up here as a
-change of the layout, not later as a slower benchmark.
+time in its task's created_at rather than a clock row; schema 14: the clock rows sit beside
+the counts, so a commit that counts an outcome records its time in the same page). These
+tests read the frames each step appends and name the b-tree each page belongs to (SQLite's
+``dbstat``): an index added to the hot path, or a rule that starts writing another table,
+shows up here as a change of the layout, not later as a slower benchmark.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import struct
+from collections import Counter
 from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
@@ -32,13 +34,12 @@ LAYOUT = {
     "receive": {"tasks", "tasks_task_id", "tasks_claimable", "tasks_live_deadlines",
                 "tasks_by_created", "tasks_pending_by_created"},
     "claim": {"tasks", "tasks_claimable", "tasks_running_leases", "tasks_pending_by_created",
-              "postroom_clock"},
+              "postroom_counts"},
     "finish": {"tasks", "tasks_running_leases", "tasks_live_deadlines", "replies",
-               "replies_ready", "postroom_counts", "postroom_clock"},
-    "dispatch claim": {"replies", "replies_ready", "replies_sending_leases", "postroom_clock"},
+               "replies_ready", "postroom_counts"},
+    "dispatch claim": {"replies", "replies_ready", "replies_sending_leases", "postroom_counts"},
     "receiver": {"receiver_receipts", "receiver_receipts_reply_id", "receiver_effects"},
-    "dispatch record": {"replies", "replies_sending_leases", "postroom_counts",
-                        "postroom_clock"},
+    "dispatch record": {"replies", "replies_sending_leases", "postroom_counts"},
 }
 
 #: SQLite names a UNIQUE column's index after its table; these name it after its column.
@@ -48,6 +49,12 @@ _AUTOINDEX = {"sqlite_autoindex_tasks_1": "tasks_task_id",
 
 def written_by(path: Path, step: Callable[[], object]) -> set[str]:
     """The b-trees whose pages ``step``'s commits append to the WAL of ``path``."""
+    return set(pages_written_by(path, step))
+
+
+def pages_written_by(path: Path, step: Callable[[], object]) -> Counter[str]:
+    """How many distinct pages of each b-tree ``step``'s commits append to the WAL of
+    ``path``."""
     with closing(sqlite3.connect(path)) as conn:
         assert conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0
     step()
@@ -57,8 +64,7 @@ def written_by(path: Path, step: Callable[[], object]) -> set[str]:
              for offset in range(_WAL_HEADER, len(wal), _FRAME_HEADER + page_size)}
     with closing(sqlite3.connect(path)) as conn:
         owners = dict(conn.execute("SELECT pageno, name FROM dbstat"))
-    names = {owners[page] for page in pages if page != 1}
-    return {_AUTOINDEX.get(name, name) for name in names}
+    return Counter(_AUTOINDEX.get(owners[page], owners[page]) for page in pages if page != 1)
 
 
 @pytest.fixture
@@ -93,3 +99,21 @@ def test_each_step_of_a_task_writes_the_b_trees_of_its_rules_and_no_others(
     found["dispatch record"] = written(
         store_path, lambda: worked.record_deliveries([(reply, Outcome.delivered())]))
     assert found == LAYOUT
+
+
+def test_a_finish_counts_its_outcome_and_records_its_time_in_one_page(worked, auth, clock):
+    path = Path(database_of(worked).dialect.path)
+    worked.receive(auth, envelope("new"))
+    claim = worked.claim("w")
+    assert claim is not None
+    clock.advance(0.001)  # the finish moves the high-water
+
+    def high_water() -> float:
+        with closing(sqlite3.connect(path)) as conn:
+            return float(conn.execute("SELECT high_water FROM postroom_counts "
+                                      "WHERE kind = 'clock'").fetchone()[0])
+
+    before = high_water()
+    pages = pages_written_by(path, lambda: worked.finish(claim, {"ok": 1}))
+    assert high_water() > before
+    assert pages["postroom_counts"] == 1

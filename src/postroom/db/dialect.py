@@ -167,11 +167,11 @@ class Dialect(ABC):
     def decision_time(self, tx: Tx, clock: Clock, checks: Sequence[Check] = ()) -> float:
         """The time a write transaction decides with: never below the persisted high-water.
 
-        The high-water is the greatest of the ``postroom_clock`` rows (one row on SQLite,
-        several on PostgreSQL, see ``clock_shard``) and of the newest task's creation; it is
-        read in the transaction's first statement, so it includes every decision committed
-        before this transaction began. A dialect whose statements cost a round trip may read
-        the rows of ``checks`` in that statement too, into ``tx.checked``.
+        The high-water is the greatest of the clock rows of ``postroom_counts`` (one on
+        SQLite, several on PostgreSQL, see ``clock_shard``) and of the newest task's creation;
+        it is read in the transaction's first statement, so it includes every decision
+        committed before this transaction began. A dialect whose statements cost a round trip
+        may read the rows of ``checks`` in that statement too, into ``tx.checked``.
         """
         row = self.clock_read(tx, checks)
         high_water = (float(row["high_water"])
@@ -198,7 +198,7 @@ class Dialect(ABC):
         write transactions run one at a time, as on SQLite)."""
 
     def clock_shard(self, tx: Tx) -> int:
-        """Which ``postroom_clock`` row this transaction's decision time is recorded in."""
+        """Which clock row of ``postroom_counts`` records this transaction's decision time."""
         return 1
 
     def time_to_record(self, tx: Tx) -> bool:

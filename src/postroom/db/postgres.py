@@ -11,8 +11,8 @@ version before it is returned (a lease renewed meanwhile is no longer "expired")
 
 **Time.** The server's ``clock_timestamp()`` is the time authority (``ServerClock``), so hosts
 with skewed clocks agree; tests pass a ``ManualClock`` instead. Decisions never go below the
-persisted high-water, which is kept in ``_CLOCK_SHARDS`` rows of ``postroom_clock`` rather
-than one: a writing transaction advances only the row of its connection (``clock_shard``), so
+persisted high-water, which is kept in ``_CLOCK_SHARDS`` clock rows of ``postroom_counts``
+rather than one: a writing transaction advances only the row of its connection (``clock_shard``), so
 workers do not queue on one hot row, while a decision reads the greatest of all rows. Why that
 keeps "never earlier than a committed decision" under READ COMMITTED: the read of the rows and
 of the server clock is the transaction's first statement, and a READ COMMITTED statement sees
@@ -147,7 +147,7 @@ _BEFORE_COMMIT = (
 # The same, after advancing the high-water row with the shared ``clock_advance`` statement
 # and adding each tally with the shared ``counts_add`` (its parameters suffixed per row): the
 # FROM clause runs them first, so the id read afterwards is the final one.
-_ADVANCE = "advanced AS ({sql} RETURNING id)"
+_ADVANCE = "advanced AS ({sql} RETURNING 1)"
 _ADVANCED = "(SELECT count(*) AS advanced FROM advanced) AS clock"
 _COUNT = "counted_{i} AS ({sql} RETURNING 1)"
 _COUNTED = "(SELECT count(*) AS counted FROM counted_{i}) AS counts_{i}"

@@ -31,8 +31,9 @@ FROM replies WHERE state = 'dead' GROUP BY queue
 
 -- name: status_cumulative_counts
 -- Tasks that reached each terminal state and replies sent, per queue, since the store began:
--- the shards of postroom_counts summed.
-SELECT kind, queue, state, sum(n) AS n FROM postroom_counts GROUP BY kind, queue, state
+-- the shards of postroom_counts summed (its clock rows left out).
+SELECT kind, queue, state, sum(n) AS n FROM postroom_counts WHERE kind <> 'clock'
+GROUP BY kind, queue, state
 
 -- name: status_wait_counts
 -- Open waits (each walks the partial index of waiting generations) and continuations still

@@ -3,13 +3,14 @@
 -- up as zero rows, never as an overwrite.
 
 -- fragment: persisted_high_water
--- The time high-water mark: the greatest time a committed decision persisted, in a row of
--- postroom_clock or as the creation of the newest task (a transaction that creates a task
+-- The time high-water mark: the greatest time a committed decision persisted, in a clock row
+-- of postroom_counts or as the creation of the newest task (a transaction that creates a task
 -- decides at the time it stores as its created_at, so it writes no clock row; the head of
 -- tasks_by_created answers).
 (SELECT CASE WHEN clock.high_water >= coalesce(newest.created_at, 0) THEN clock.high_water
              ELSE newest.created_at END
- FROM (SELECT max(high_water) AS high_water FROM postroom_clock) AS clock,
+ FROM (SELECT max(high_water) AS high_water FROM postroom_counts
+       WHERE kind = 'clock') AS clock,
       (SELECT max(created_at) AS created_at FROM tasks) AS newest)
 
 -- name: clock_read
@@ -19,7 +20,8 @@ SELECT {persisted_high_water} AS high_water, {server_time} AS server_now
 
 -- name: clock_advance
 -- Move one row of the high-water mark forward (never back).
-UPDATE postroom_clock SET high_water = :now WHERE id = :shard AND high_water < :now
+UPDATE postroom_counts SET high_water = :now
+WHERE kind = 'clock' AND queue = '' AND state = '' AND shard = :shard AND high_water < :now
 
 -- name: task_insert
 -- Store an accepted message as its task unless its identity is already stored: the identity,
