@@ -545,7 +545,7 @@ class Reply:
     fence: int
     owner: str | None
     lease_until: float | None
-    available_at: float
+    available_at: float  # when it is due; a sending one, when its lease runs out
     last_error: str | None
     created_at: float
     sent_at: float | None

@@ -108,6 +108,14 @@ def test_each_broken_invariant_is_named(busy_store, sql, check):
     assert check in checks(busy_store)
 
 
+def test_a_sending_reply_due_before_its_lease_ends_is_named(busy_store):
+    assert len(busy_store.claim_replies("d")) == 1
+    assert checks(busy_store) == set()
+    corrupt(busy_store, "UPDATE replies SET available_at = available_at - 60 "
+                        "WHERE state = 'sending'")
+    assert checks(busy_store) == {"sending_without_owner_or_lease"}
+
+
 def test_a_receiver_effect_without_its_receipt_is_named(receiver):
     body = '{"kind":"result","result":1,"status":"done","task_id":"t"}'
     receiver.accept("reply:t", body)

@@ -32,9 +32,9 @@ INDEX = {
     "claim_order": "tasks_claimable",
     "tasks_lease_expired": "tasks_running_leases",
     "tasks_deadline_passed": "tasks_live_deadlines",
-    "claim_replies": "replies_ready",
-    "replies_park": "replies_ready",
-    "replies_lease_expired": "replies_sending_leases",
+    "claim_replies": "replies_live",
+    "replies_park": "replies_live",
+    "replies_lease_expired": "replies_live",
 }
 
 PG_SCAN = re.compile(r"\b(Seq Scan|Bitmap Heap Scan|Bitmap Index Scan) on (tasks|replies)\b")
@@ -135,7 +135,7 @@ def test_an_owners_decision_never_walks_the_tasks_that_share_its_deadline(store,
 DUE_QUERIES = {
     "tasks_due": ({"queue": "default", "now": START},
                   {"tasks_claimable", "tasks_running_leases", "tasks_live_deadlines"}),
-    "replies_due": ({"now": START}, {"replies_ready", "replies_sending_leases"}),
+    "replies_due": ({"now": START}, {"replies_live"}),
     # Inside the claim: whether its sweep has anything to do.
     "claim_look": ({"queue": "default", "now": START},
                    {"tasks_running_leases", "tasks_live_deadlines"}),

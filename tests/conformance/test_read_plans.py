@@ -44,7 +44,7 @@ PENDING_REPLIES, SENDING_REPLIES, DEAD_REPLIES = 50, 10, 40
 HISTORY_TABLES = ("tasks", "replies", "waits", "wait_continuations")
 LIVE_TASKS = {"tasks_claimable", "tasks_running_leases", "tasks_live_deadlines",
               "tasks_pending_by_created"}
-LIVE_REPLIES = {"replies_ready", "replies_parked", "replies_sending_leases", "replies_dead"}
+LIVE_REPLIES = {"replies_live", "replies_parked", "replies_dead"}
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ READS = {
     "observe_pending_before": Read("observe_pending_before", {"since": START + 3},
                                    "tasks_pending_by_created"),
     # Grouping the undelivered replies by queue may sort them: they are live rows only.
-    "observe_oldest_undelivered": Read("observe_oldest_undelivered", {}, "replies_ready",
+    "observe_oldest_undelivered": Read("observe_oldest_undelivered", {}, "replies_live",
                                        frozenset(LIVE_REPLIES), sorts=True),
     "replies_dead_page": Read("replies_dead_page", {"after_updated": -math.inf,
                                                     "after_id": 0, "limit": 101},
@@ -335,7 +335,7 @@ def test_a_prepared_read_keeps_walking_its_index(populated, name):
 def test_status_reads_only_live_rows_of_tasks_and_replies(populated):
     lines = explain(populated, "status_live_counts", {})
     walked, _ = indexes_walked(database_of(populated).dialect.name, lines)
-    assert {"replies_sending_leases", "replies_dead"} <= walked, "\n".join(lines)
+    assert {"replies_live", "replies_dead"} <= walked, "\n".join(lines)
     assert walked & {"tasks_claimable", "tasks_live_deadlines", "tasks_pending_by_created"}, (
         "\n".join(lines))
 

@@ -5,10 +5,11 @@ least one, so the layout keeps one b-tree per question a rule asks (schema 12: a
 row with one unique index for its identity, a reply is keyed by its task's integer, a root
 alone has no chain row, a claim leaves the index of live deadlines alone, a receive keeps its
 time in its task's created_at rather than a clock row; schema 14: the clock rows sit beside
-the counts, so a commit that counts an outcome records its time in the same page). These
-tests read the frames each step appends and name the b-tree each page belongs to (SQLite's
-``dbstat``): an index added to the hot path, or a rule that starts writing another table,
-shows up here as a change of the layout, not later as a slower benchmark.
+the counts, so a commit that counts an outcome records its time in the same page; schema 15:
+one index of the ready and the sending replies, so a dispatch claim moves an entry within it).
+These tests read the frames each step appends and name the b-tree each page belongs to
+(SQLite's ``dbstat``): an index added to the hot path, or a rule that starts writing another
+table, shows up here as a change of the layout, not later as a slower benchmark.
 """
 
 from __future__ import annotations
@@ -36,10 +37,10 @@ LAYOUT = {
     "claim": {"tasks", "tasks_claimable", "tasks_running_leases", "tasks_pending_by_created",
               "postroom_counts"},
     "finish": {"tasks", "tasks_running_leases", "tasks_live_deadlines", "replies",
-               "replies_ready", "postroom_counts"},
-    "dispatch claim": {"replies", "replies_ready", "replies_sending_leases", "postroom_counts"},
+               "replies_live", "postroom_counts"},
+    "dispatch claim": {"replies", "replies_live", "postroom_counts"},
     "receiver": {"receiver_receipts", "receiver_receipts_reply_id", "receiver_effects"},
-    "dispatch record": {"replies", "replies_sending_leases", "postroom_counts"},
+    "dispatch record": {"replies", "replies_live", "postroom_counts"},
 }
 
 #: SQLite names a UNIQUE column's index after its table; these name it after its column.
@@ -117,3 +118,13 @@ def test_a_finish_counts_its_outcome_and_records_its_time_in_one_page(worked, au
     pages = pages_written_by(path, lambda: worked.finish(claim, {"ok": 1}))
     assert high_water() > before
     assert pages["postroom_counts"] == 1
+
+
+def test_a_dispatch_claim_moves_its_reply_within_one_page_of_the_live_replies(worked, auth):
+    path = Path(database_of(worked).dialect.path)
+    worked.receive(auth, envelope("new"))
+    claim = worked.claim("w")
+    assert claim is not None
+    worked.finish(claim, {"ok": 1})
+    pages = pages_written_by(path, lambda: worked.claim_replies("d"))
+    assert pages["replies_live"] == 1

@@ -36,10 +36,15 @@ _SETS = re.compile(r"\bSET state = '(\w+)'")
 _INSERT = re.compile(r"INSERT INTO \w+ \(([^)]*)\)\s*VALUES \((.*)\)", re.DOTALL)
 
 
+#: The predicate of the index of live replies, which each query walking it repeats for SQLite's
+#: sake (fragment ``live_reply``): a state it allows, not one it demands.
+_LIVE_REPLY = "state IN ('pending', 'sending') AND parked_at IS NULL"
+
+
 def guards(name: str) -> set[str]:
     """The states statement ``name`` demands of the rows it reads or changes."""
     found = set()
-    for equal, listed in _GUARD.findall(QUERIES[name].sql):
+    for equal, listed in _GUARD.findall(QUERIES[name].sql.replace(_LIVE_REPLY, "")):
         found |= {equal} if equal else {item.strip(" '") for item in listed.split(",")}
     assert found, f"statement {name} demands no state"
     return found
@@ -207,6 +212,11 @@ def rows_made(name: str) -> dict[Transition, list[str]]:
             if (row := Transition(source, event, target)) in rows:
                 rows[row].append(piece.by)
     return rows
+
+
+def test_the_live_replies_predicate_is_the_one_the_queries_repeat():
+    assert _LIVE_REPLY in QUERIES["claim_replies"].sql
+    assert _LIVE_REPLY in QUERIES["replies_lease_expired"].sql
 
 
 @pytest.mark.parametrize("name", sorted(MACHINES))

@@ -70,10 +70,15 @@ FROM replies
 WHERE parked_at IS NOT NULL AND state <> 'pending'
 
 -- name: audit_store_sending_without_owner_or_lease
--- A sending reply has an owner and a lease; any other reply has neither.
-SELECT reply_id AS identity, state || ' with owner ' || coalesce(owner, 'NULL') AS detail
+-- A sending reply has an owner and a lease, and is due again when the lease ends (so that a
+-- sweep finds it then); any other reply has neither.
+SELECT reply_id AS identity,
+       state || ' with owner ' || coalesce(owner, 'NULL') || ', lease until '
+       || coalesce(CAST(lease_until AS TEXT), 'NULL') || ', due at '
+       || CAST(available_at AS TEXT) AS detail
 FROM replies
-WHERE (state = 'sending' AND (owner IS NULL OR lease_until IS NULL))
+WHERE (state = 'sending' AND (owner IS NULL OR lease_until IS NULL
+                             OR available_at <> lease_until))
    OR (state <> 'sending' AND (owner IS NOT NULL OR lease_until IS NOT NULL))
 
 -- name: audit_store_reply_fence_below_attempts

@@ -16,9 +16,10 @@ SELECT ((NOT EXISTS (SELECT 1 FROM paused_queues WHERE queue = :queue)
 -- A task or delivery lease that ran out (:leases), or a live task past its deadline
 -- (:deadlines): what a sweep would do.
 SELECT ((:leases = 1 AND {lease_ran_out} IS NOT NULL)
-        OR (:leases = 1 AND (SELECT lease_until FROM replies
-                             WHERE state = 'sending' AND lease_until <= :now
-                             ORDER BY lease_until LIMIT 1) IS NOT NULL)
+        OR (:leases = 1 AND (SELECT available_at FROM replies
+                             WHERE {live_reply} AND state = 'sending'
+                               AND available_at <= :now
+                             ORDER BY available_at LIMIT 1) IS NOT NULL)
         OR (:deadlines = 1 AND {deadline_passed} IS NOT NULL)) AS due
 
 -- name: waits_due_any
@@ -29,7 +30,8 @@ ORDER BY deadline, flow, step, generation LIMIT 1
 -- name: replies_due
 -- A reply due for delivery, or a delivery whose publisher's lease expired.
 SELECT ((SELECT available_at FROM replies
-         WHERE state = 'pending' AND parked_at IS NULL AND available_at <= :now
+         WHERE {live_reply} AND state = 'pending' AND available_at <= :now
          ORDER BY available_at LIMIT 1) IS NOT NULL
-        OR (SELECT lease_until FROM replies WHERE state = 'sending' AND lease_until <= :now
-            ORDER BY lease_until LIMIT 1) IS NOT NULL) AS due
+        OR (SELECT available_at FROM replies
+            WHERE {live_reply} AND state = 'sending' AND available_at <= :now
+            ORDER BY available_at LIMIT 1) IS NOT NULL) AS due

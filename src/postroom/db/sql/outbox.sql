@@ -28,35 +28,42 @@ SELECT * FROM replies WHERE {reply_of_task}
 -- One reply, whole, by its id.
 SELECT * FROM replies WHERE {reply_named}
 
+-- fragment: live_reply
+-- The predicate of replies_live, the index of pending (not parked) and sending replies, said
+-- in full by every query that walks it: SQLite takes a partial index only for a WHERE that
+-- names each of its terms. (A sending reply is never parked.)
+state IN ('pending', 'sending') AND parked_at IS NULL
+
 -- name: replies_lease_expired
 -- Replies whose publisher's lease ran out while sending, oldest first (bounded sweep,
--- locked rows skipped).
+-- locked rows skipped). A sending reply is due again (available_at) when its lease ends.
 SELECT reply_id, owner, fence, attempts, budget FROM replies
-WHERE state = 'sending' AND lease_until <= :now
-ORDER BY lease_until
+WHERE {live_reply} AND state = 'sending' AND available_at <= :now
+ORDER BY available_at
 LIMIT :limit
 {skip_locked}
 
 -- fragment: reply_head
 -- The head of the claimable replies: up to :limit due ones, oldest first (locked rows
--- skipped), from the replies_ready index; a claim takes them, a routed claim first parks
+-- skipped), from the replies_live index; a claim takes them, a routed claim first parks
 -- the ones whose requester has no enabled endpoint (replies_park in endpoints.sql).
 SELECT id FROM replies
-WHERE state = 'pending' AND parked_at IS NULL AND available_at <= :now
+WHERE {live_reply} AND state = 'pending' AND available_at <= :now
 ORDER BY available_at
 LIMIT :limit
 {skip_locked}
 
 -- name: claim_replies
--- Pick up to :limit replies due for delivery, oldest first, and mark them sending. With
+-- Pick up to :limit replies due for delivery, oldest first, and mark them sending: due again
+-- when the lease runs out, should the publisher never say how the delivery went. With
 -- :routed = 1 only those whose requester has an enabled endpoint are taken (replies_park has
 -- just parked the others of the head), and a reply's first attempt fixes its budget to its
 -- endpoint's: later attempts keep it, so attempts never exceed the budget they were counted
 -- against. ({or_fail}: see the SQLite dialect; the transaction rolls back on any error.)
 WITH picked AS ({reply_head})
 UPDATE {or_fail} replies
-SET state = 'sending', owner = :owner, lease_until = :lease_until, fence = fence + 1,
-    attempts = attempts + 1, history = {history_open}, updated_at = :now,
+SET state = 'sending', owner = :owner, lease_until = :lease_until,
+    available_at = :lease_until, fence = fence + 1, attempts = attempts + 1, history = {history_open}, updated_at = :now,
     budget = CASE WHEN :routed = 1 AND attempts = 0
                   THEN coalesce((SELECT endpoints.budget FROM endpoints
                                  WHERE endpoints.principal = replies.requester), budget)

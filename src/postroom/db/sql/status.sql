@@ -18,13 +18,13 @@ SELECT 'task' AS kind, queue, 'running' AS state, count(*) AS n
 FROM tasks WHERE state = 'running' GROUP BY queue
 UNION ALL
 SELECT 'reply' AS kind, queue, 'pending' AS state, count(*) AS n
-FROM replies WHERE state = 'pending' AND parked_at IS NULL GROUP BY queue
+FROM replies WHERE {live_reply} AND state = 'pending' GROUP BY queue
 UNION ALL
 SELECT 'reply' AS kind, queue, 'parked' AS state, count(*) AS n
 FROM replies WHERE parked_at IS NOT NULL GROUP BY queue
 UNION ALL
 SELECT 'reply' AS kind, queue, 'sending' AS state, count(*) AS n
-FROM replies WHERE state = 'sending' GROUP BY queue
+FROM replies WHERE {live_reply} AND state = 'sending' GROUP BY queue
 UNION ALL
 SELECT 'reply' AS kind, queue, 'dead' AS state, count(*) AS n
 FROM replies WHERE state = 'dead' GROUP BY queue
@@ -111,13 +111,10 @@ SELECT count(*) AS n FROM tasks WHERE state = 'pending' AND created_at < :since
 
 -- name: observe_oldest_undelivered
 -- Per queue and part, when its oldest undelivered reply was written (the caller takes the
--- oldest of the parts): pending, parked and sending replies, each part through its partial
--- index (as status_live_counts splits them), so only live rows are read.
+-- oldest of the parts): pending and sending replies, then parked ones, each part through its
+-- partial index, so only live rows are read.
 SELECT queue, min(created_at) AS oldest FROM replies
-WHERE state = 'pending' AND parked_at IS NULL AND queue IS NOT NULL GROUP BY queue
+WHERE {live_reply} AND queue IS NOT NULL GROUP BY queue
 UNION ALL
 SELECT queue, min(created_at) AS oldest FROM replies
 WHERE parked_at IS NOT NULL AND queue IS NOT NULL GROUP BY queue
-UNION ALL
-SELECT queue, min(created_at) AS oldest FROM replies
-WHERE state = 'sending' AND queue IS NOT NULL GROUP BY queue
