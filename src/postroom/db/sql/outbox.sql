@@ -63,7 +63,8 @@ LIMIT :limit
 WITH picked AS ({reply_head})
 UPDATE {or_fail} replies
 SET state = 'sending', owner = :owner, lease_until = :lease_until,
-    available_at = :lease_until, fence = fence + 1, attempts = attempts + 1, history = {history_open}, updated_at = :now,
+    available_at = :lease_until, fence = fence + 1, attempts = attempts + 1,
+    history = {history_open}, updated_at = :now,
     budget = CASE WHEN :routed = 1 AND attempts = 0
                   THEN coalesce((SELECT endpoints.budget FROM endpoints
                                  WHERE endpoints.principal = replies.requester), budget)
