@@ -546,7 +546,8 @@ class RemoteWorker:
     ones all on one event loop, which the next ones share), as the local worker runs them
     (``Context``, ``PermanentFailure``, ``ctx.charge``, a handler's ``timeout=``: past it
     the handler is abandoned and its attempt fails as retryable; a plain function's thread
-    cannot be stopped, so the tasks after it wait for a thread until it returns). One
+    cannot be stopped, so the tasks after it wait for a thread until it returns, their
+    timeouts counting from when they start). One
     thread renews every held lease each third of it with one request (``renew_many``), and
     one commits the outcomes as they come, all those waiting with one request
     (``settle_many``), naming only each task and fence; a slot is free again once its
@@ -701,14 +702,16 @@ class RemoteWorker:
         with self._lock:
             self._held[claim.task_id] = (claim, context)
         seconds = self._timeouts.get(claim.queue)
-        watch = None
-        if seconds is not None:
-            watch = threading.Timer(seconds, self._time_out,
-                                    args=(claim, context, seconds, outcomes))
-            watch.daemon = True
-            watch.start()
 
         def run() -> None:
+            # The timeout counts from here: a claim may wait for a thread (one a handler
+            # abandoned still runs on) before its handler starts, as in the local worker.
+            watch = None
+            if seconds is not None:
+                watch = threading.Timer(seconds, self._time_out,
+                                        args=(claim, context, seconds, outcomes))
+                watch.daemon = True
+                watch.start()
             outcome = self._run(claim, context)
             if watch is not None:
                 watch.cancel()

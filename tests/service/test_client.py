@@ -426,6 +426,39 @@ def test_a_remote_handler_past_its_timeout_is_abandoned_and_its_attempt_fails(se
     assert worker.settled == {"finish": 0, "fail": 1, "release": 0, "fenced": 0}
 
 
+def test_a_remote_handlers_timeout_counts_from_when_it_starts_not_while_it_waits_for_a_thread(
+        service):
+    app, let_go, second_claimed, finished = (App(), threading.Event(), threading.Event(),
+                                             threading.Event())
+
+    @app.handler("default", timeout=0.2)
+    def handler(payload: dict, ctx: Context) -> str:
+        if payload["n"] == 0:
+            assert let_go.wait(30)  # abandoned at 0.2 s, its thread busy until let go
+            return "too late"
+        finished.set()
+        return "ok"
+
+    agent = service.client("alice")
+    first = agent.submit("t-0", {"n": 0}, deadline=DEADLINE, max_attempts=1).task_id
+    second = agent.submit("t-1", {"n": 1}, deadline=DEADLINE).task_id
+    worker = RemoteWorker(service.client("wendy"), app, concurrency=1, poll=0.05)
+    running = threading.Thread(target=worker.run)
+    running.start()
+    while service.store.task(second).state != "running":
+        assert running.is_alive()
+        second_claimed.wait(0.01)
+    # Held, waiting for the one thread: twice its timeout passes before it can start.
+    assert not finished.wait(0.4)
+    let_go.set()
+    assert finished.wait(30)
+    worker.stop()
+    running.join(30)
+    assert (service.store.task(first).state, service.store.task(second).state) == (
+        "failed", "done")
+    assert service.store.task(second).attempts == 1
+
+
 def test_a_remote_worker_claims_no_more_of_a_capped_queue_than_its_cap_leaves(service):
     service.tokens["wes"] = service.store.add_principal(
         "wes", "worker", queues=("default", "other")).token
