@@ -589,3 +589,31 @@ def test_health_readiness_and_the_openapi_document_need_no_token(service):
     assert document["openapi"] == "3.1.0"
     assert {(route.method.lower(), route.path) for route in ROUTES} == {
         (method, path) for path, item in document["paths"].items() for method in item}
+
+
+def test_a_method_an_api_path_does_not_serve_is_405_naming_the_methods_it_does(service):
+    with service.http("alice") as http:
+        answer = http.delete("/v1/tasks")
+    assert answer.status_code == 405
+    assert answer.headers["content-type"] == "application/problem+json"
+    assert answer.json()["type"] == "/problems/method-not-allowed"
+    assert answer.headers["allow"] == "GET, HEAD, POST"
+
+
+def test_head_is_answered_as_get_without_a_body(service):
+    with httpx.Client(base_url=service.url) as http:
+        answer = http.head("/healthz")
+    assert answer.status_code == 200 and answer.content == b""
+    assert answer.headers["content-type"] == "application/json"
+
+
+def test_a_path_parameter_arrives_decoded_and_a_path_outside_the_api_is_404(service):
+    with service.http("alice") as http:
+        task_id = submit(http).json()["task_id"]
+        escaped = "".join(f"%{ord(char):02X}" for char in task_id)
+        found = http.get(f"/v1/tasks/{escaped}")
+        missing = http.get("/v1/tasks/")
+        elsewhere = http.get("/v2/tasks")
+    assert found.status_code == 200 and found.json()["task_id"] == task_id
+    assert missing.status_code == elsewhere.status_code == 404
+    assert missing.json()["type"] == elsewhere.json()["type"] == "/problems/not-found"

@@ -40,12 +40,12 @@ from postroom.http import api
 from postroom.http.auth import Principals
 from postroom.http.problems import NOT_FOUND, Problem
 from postroom.http.routing import (
+    Dispatch,
     Guard,
     Limits,
     Observer,
     Route,
     Served,
-    endpoint,
     openapi,
     problem_response,
 )
@@ -173,18 +173,18 @@ def create_app(store: Store, *, limits: Limits | None = None,
 
     threads = ThreadPoolExecutor(limits.threads, thread_name_prefix="postroom-http")
     shared = Served(store, limits, Principals(), threads)
-    served: list[BaseRoute] = [StarletteRoute(route.path, endpoint(route, shared, observe),
-                                              methods=[route.method], name=route.name)
-                               for route in routes]
-    served.append(StarletteRoute("/openapi.json", openapi_json, methods=["GET"],
-                                 name="openapi"))
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
         threads.shutdown(wait=False)
 
-    app = Starlette(routes=[*served, *extra_routes],
-                    middleware=[Middleware(Guard, limits=limits)],
+    # The API is served by ``Dispatch``; the framework's router serves the rest.
+    app = Starlette(routes=[StarletteRoute("/openapi.json", openapi_json, methods=["GET"],
+                                           name="openapi"), *extra_routes],
+                    middleware=[Middleware(Guard, limits=limits),
+                                Middleware(Dispatch, routes=routes, served=shared,
+                                           observe=observe)],
                     exception_handlers={404: not_found, 405: not_allowed}, lifespan=lifespan)
     app.state.store = store
     app.state.limits = limits
