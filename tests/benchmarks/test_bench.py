@@ -51,9 +51,9 @@ PG_STEP_ROWS = {f"steps.postgres.{step}" for step in STEPS}
 #: Submit in process and over HTTP, one at a time, on each backend, and where the HTTP
 #: submission's time goes (an empty request, authentication alone, a lighter client), and
 #: the floors: each client against a server that only answers, the lighter one against
-#: uvicorn with a do-nothing app.
+#: uvicorn with a do-nothing app; and the ceiling one receive plus the client's floor allow.
 HTTP_KINDS = ("receive", "submit", "healthz", "whoami", "submit_stdlib", "client_floor",
-              "stdlib_floor", "stack_floor")
+              "ceiling", "stdlib_floor", "stack_floor")
 HTTP_ROWS = {f"http.sqlite.{kind}" for kind in HTTP_KINDS}
 PG_HTTP_ROWS = {f"http.postgres.{kind}" for kind in HTTP_KINDS}
 #: A remote worker through the service, with its defaults and one task at a time, for the
@@ -150,6 +150,16 @@ def test_quick_run_reports_every_scenario_with_a_ratio_to_the_raw_loop(quick_rep
                                                     abs=1e-4)
     assert rows["raw_sqlite"]["ratio_to_raw"] == 1.0
     assert rows["raw_sqlite"]["value"] == quick_report["raw_commits_per_s"]
+
+
+def test_quick_run_reports_an_http_submissions_ceiling_as_a_receive_then_a_floor_request(
+        quick_report):
+    rows = {row["id"]: row for row in quick_report["measurements"]}
+    for backend in {row["backend"] for row in rows.values() if row["id"].startswith("http.")}:
+        ceiling, receive, floor = (rows[f"http.{backend}.{kind}"]["rounds"]
+                                   for kind in ("ceiling", "receive", "client_floor"))
+        for one, alone, request in zip(ceiling, receive, floor, strict=True):
+            assert one == pytest.approx(1 / (1 / alone + 1 / request), rel=1e-3)
 
 
 def test_quick_run_counts_the_commits_a_task_costs(quick_report):

@@ -21,6 +21,9 @@ request makes before it answers 202 (``answering --asgi``): the floor of the ser
 without the framework, authentication or the store. A submission can reach half the rate of
 ``receive`` only if everything but the store call costs no more than one ``receive``; these
 floors say how much of that the client and the server's stack take before postroom's code runs.
+The ceiling row adds them up: round by round, the rate of one ``receive`` plus one request to
+the floor server, what a submission through httpx would reach if the whole service cost
+nothing but its store call.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from postroom._bench.context import (
     Context,
     Measurement,
     Numbers,
+    Rounds,
     require_clean_audit,
 )
 from postroom._bench.scenarios import runtime
@@ -126,6 +130,11 @@ def _answering(port: int, *options: str) -> Iterator[None]:
         process.wait()
 
 
+def _in_series(rates: tuple[float, float]) -> float:
+    """The rate of doing one unit at each of ``rates`` in turn."""
+    return 1.0 / sum(1.0 / rate for rate in rates)
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -194,6 +203,11 @@ def run(ctx: Context) -> list[Measurement]:
         stack_floor()
         stack_floor_rounds = ctx.timed_rounds(stack_floor)
 
+    ceiling = Rounds(
+        rates=tuple(_in_series(pair) for pair in zip(local_rounds.rates, floor_rounds.rates,
+                                                      strict=True)),
+        ratios=tuple(_in_series(pair) for pair in zip(local_rounds.ratios, floor_rounds.ratios,
+                                                       strict=True)))
     details = {"tasks_per_round": tasks, "client": "httpx, one keep-alive connection",
                "server": "postroom serve, defaults"}
     return [
@@ -218,6 +232,11 @@ def run(ctx: Context) -> list[Measurement]:
                     rounds=floor_rounds,
                     details={**details, "server": "postroom._bench.answering (no framework, "
                                                   "no store)"}),
+        Measurement(id=f"http.{backend}.ceiling", backend=backend, unit="tasks/s",
+                    label="the ceiling of a submission through that client: one `receive` "
+                          "then one request to that server, round by round (a service that "
+                          "cost nothing but its store call)",
+                    rounds=ceiling, details=details),
         Measurement(id=f"http.{backend}.stdlib_floor", backend=backend, unit="requests/s",
                     label="the same POST, sent with `http.client`, to that server",
                     rounds=stdlib_floor_rounds,
