@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import logging
 import queue
+import re
 import threading
 import time
 import uuid
@@ -59,10 +59,12 @@ from postroom.runtime.handlers import (
     EventLoopThread,
     check_by_queue,
     execution_timeouts,
+    handled_queues,
     outcome_of,
     refused_finish,
     timed_out,
 )
+from postroom.store import check_settlement
 
 __all__ = ["AsyncClient", "Client", "RemoteWorker", "ServiceError"]
 
@@ -97,7 +99,9 @@ def _problem_error(status: int, problem: dict[str, Any], path: str) -> PostroomE
     kind = str(problem.get("type", "")).rsplit("/", 1)[-1]
     error: PostroomError
     if status == 400:
-        error = InvalidInput(str(problem.get("field", "body")), detail)
+        field = str(problem.get("field", "body"))
+        # The service's detail is the store's error text, which starts with the field.
+        error = InvalidInput(field, detail.removeprefix(f"{field}: "))
     elif status in (401, 403):
         error = Unauthorized(detail)
     elif status == 404:
@@ -144,8 +148,8 @@ def _acks(answer: Any) -> list[Ack]:
 
 def _claims(answer: Any) -> list[Claim]:
     names = {item.name for item in fields(Claim)}
-    return [Claim(owner="", **{key: value for key, value in item.items() if key in names})
-            for item in answer["claims"]]
+    return [Claim(**{"owner": "", **{key: value for key, value in item.items()
+                                     if key in names}}) for item in answer["claims"]]
 
 
 def _task(task_id: str, tail: str = "") -> str:
@@ -547,21 +551,24 @@ class RemoteWorker:
     (``Context``, ``PermanentFailure``, ``ctx.charge``, a handler's ``timeout=``: past it
     the handler is abandoned and its attempt fails as retryable; a plain function's thread
     cannot be stopped, so the tasks after it wait for a thread until it returns, their
-    timeouts counting from when they start). One
-    thread renews every held lease each third of it with one request (``renew_many``), and
-    one commits the outcomes as they come, all those waiting with one request
-    (``settle_many``), naming only each task and fence; a slot is free again once its
-    outcome is committed. A lost lease abandons the work (``ctx.cancelled`` is set, a
-    coroutine is cancelled): whatever it would commit is refused anyway. A finish the
-    service refuses (a result that is not JSON, a follow-up that collides, a wait that
-    cannot open) fails the attempt instead, as the local worker does. A request that fails
-    is sent again (outcomes name their claims, so a resend is a replay); one the service
-    refuses as a whole (a revoked token) stops the worker and is raised by ``run`` or
-    ``run_once``.
+    timeouts counting from when they start). One thread renews every held lease each
+    third of it with one request (``renew_many``), and one commits the outcomes as they
+    come, all those waiting with one request (``settle_many``), naming only each task and
+    fence; a slot is free again once its outcome is committed. A lost lease abandons the
+    work (``ctx.cancelled`` is set, a coroutine is cancelled): whatever it would commit is
+    refused anyway. A finish no store could take (a result or a follow-up's payload that
+    is not JSON as it is, a follow-up out of range; checked here as the store checks it,
+    ``postroom.store.check_settlement``) or that the service refuses (a follow-up that
+    collides, a wait that cannot open, an outcome the request was refused for) fails its
+    attempt instead, as the local worker does, and costs the other outcomes nothing. A
+    request that fails is sent again (outcomes name their claims, so a resend is a
+    replay); one the service refuses as a whole (a revoked token) stops the worker and is
+    raised by ``run`` or ``run_once``. Every queue it claims from needs a handler.
 
     ``run`` claims, up to ``batch`` tasks a request and as many as it has free slots, until
     ``stop()`` (then the handlers running get ``grace`` seconds before their claims are
-    released); ``run_once`` claims and works one round (for tests and scripts). As in the
+    released, and tasks a claim brings after ``stop()`` are released at once, never
+    started); ``run_once`` claims and works one round (for tests and scripts). As in the
     local worker's settings, ``queue_concurrency[queue]`` caps the tasks of ``queue`` held at
     once (each claim asks the service for no more than the cap leaves), and
     ``timeouts[queue]`` is the execution timeout of a handler that sets none of its own.
@@ -582,7 +589,7 @@ class RemoteWorker:
                                         f"{grace!r}")
         self.client = client
         self.app = app
-        self.queues = list(queues) if queues is not None else list(app.queues)
+        self.queues = list(handled_queues(app, queues))
         caps, timeouts = dict(queue_concurrency or {}), dict(timeouts or {})
         check_by_queue(caps, timeouts, self.queues)
         self.queue_concurrency = caps
@@ -598,7 +605,7 @@ class RemoteWorker:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # a held task was settled
         self._held: dict[str, tuple[Claim, Context]] = {}
-        self._refused: PostroomError | None = None
+        self._refused: Exception | None = None
         self._loop: EventLoopThread | None = None
         self._coroutines: dict[str, concurrent.futures.Future[Any]] = {}
         self._ended: set[str] = set()  # tasks held whose attempt ended (see ``_ends_first``)
@@ -621,6 +628,9 @@ class RemoteWorker:
                     free = self._free_slots()
                     with self._capped(free) as (limit, caps):
                         claims = self._claim(limit, caps, wait=self.poll) if limit else []
+                        if claims and self._stopping.is_set():  # stopped while it waited
+                            self._hand_back(claims)
+                            claims = []
                         for claim in claims:
                             work(claim)
                     for _ in range(free - len(claims)):
@@ -803,8 +813,8 @@ class RemoteWorker:
         self._stopping.wait(min(self.poll, 1.0))
         return []
 
-    def _give_up(self, exc: PostroomError) -> None:
-        """Stop on a refusal no resend can change (the token revoked, say)."""
+    def _give_up(self, exc: Exception) -> None:
+        """Stop on a refusal no resend can change (the token revoked, say), or a bug."""
         _log.error("the service refused the worker: %s", exc)
         self._refused = self._refused or exc
         self._stopping.set()
@@ -834,7 +844,15 @@ class RemoteWorker:
             claiming = start is not None and not (closing.is_set() or self._stopping.is_set())
             with self._capped(min(len(batch), self.batch) if claiming else 0,
                               [claim for claim, _, _ in batch]) as (limit, caps):
-                claims = self._settle(batch, limit, caps)
+                try:
+                    claims = self._settle(batch, limit, caps)
+                except Exception as exc:  # a bug: stop, rather than hold the slots forever
+                    _log.exception("settling %d outcomes failed", len(batch))
+                    self._give_up(exc)
+                    claims = []
+                if claims and self._stopping.is_set():  # stopped while it was sent
+                    self._hand_back(claims)
+                    claims = []
                 for claim in claims:
                     assert start is not None
                     start(claim)  # in the slot a settled task left
@@ -870,12 +888,31 @@ class RemoteWorker:
                     break  # given up: their leases will run out
                 time.sleep(min(5.0, 0.05 * 2 ** failures))
                 continue
+            except InvalidInput as exc:
+                index = _outcome_named(exc, len(sending))
+                if index is None:
+                    self._give_up(exc)
+                    break
+                # The service refused the request for one outcome's content: that one is
+                # settled as refused (a finish fails its attempt), the rest go again.
+                refused = sending.pop(index)
+                instead = self._after(refused, Settled(task_id=refused.claim.task_id,
+                                                       error=exc))
+                if instead is not None:
+                    sending.insert(index, instead)
+                continue
             except PostroomError as exc:
                 self._give_up(exc)
                 break
             sending = [instead for outcome, result in zip(sending, results, strict=True)
                        if (instead := self._after(outcome, result)) is not None]
         return claims
+
+    def _hand_back(self, claims: list[Claim]) -> None:
+        """Release ``claims``, which came after ``stop()``: never started, their attempts
+        given back, as a claim still held at the end of the grace period."""
+        self._settle([(claim, Context(claim), Released(claim=claim)) for claim in claims],
+                     0, {})
 
     def _commit(self, sending: list[Finished | Failed | Released], claim: int,
                 caps: Mapping[str, int]) -> tuple[list[Settled], list[Claim]]:
@@ -924,8 +961,7 @@ class RemoteWorker:
         outcome, or ``None`` if it was abandoned (``Fenced``, cancelled with its lease, or
         ended by a ``BaseException`` such as ``SystemExit``, as in the local worker)."""
         spec = self.app.handler_for(claim.queue)
-        if spec is None:
-            return Released(claim=claim, delay=self.poll)
+        assert spec is not None  # only the queues with a handler are claimed
         if context.cancelled:  # lost (or timed out) before a thread was free to start it
             return None
         call: Callable[[], Any]
@@ -992,11 +1028,20 @@ class RemoteWorker:
 
 
 def _sendable(outcome: Finished | Failed | Released) -> Finished | Failed | Released:
-    """``outcome``, or the failure that replaces a finish whose result is not JSON (which
-    the service would refuse with the whole request)."""
+    """``outcome``, or the failure that replaces a finish no store can take (a result or a
+    follow-up's payload that is not JSON, say): checked here as the store checks it, so that
+    it fails its own attempt, as in the local worker, and never the request carrying it."""
     if isinstance(outcome, Finished):
         try:
-            json.dumps(outcome.result, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            return refused_finish(outcome, InvalidInput("result", f"is not JSON: {exc}"))
+            check_settlement(outcome)
+        except InvalidInput as exc:
+            return refused_finish(outcome, exc)
     return outcome
+
+
+def _outcome_named(exc: InvalidInput, count: int) -> int | None:
+    """The index of the outcome a settlement was refused for (its ``field`` names it)."""
+    found = re.match(r"outcomes\[([0-9]+)\]", exc.field)
+    if found is None or int(found.group(1)) >= count:
+        return None
+    return int(found.group(1))

@@ -274,11 +274,11 @@ class Store:
         check_claim(claim)
         result_json = check_json(result, "result", limits=self._settings.limits,
                                  require_object=False)
-        children = self._follow_ups(claim, follow_ups)
-        opens = self._waits(claim, waits)
+        children = _follow_ups(self._settings, claim, follow_ups)
+        opens = _waits(self._settings, claim, waits)
         units = _charge(charge)
-        effects = self._effects(side_effects)
-        asks = self._asks(waits)
+        effects = _effects(self._settings, side_effects)
+        asks = _asks(self._settings, waits)
         return self._db.write(tasks.FINISH, lambda tx: tasks.finish(
             tx, self._settings, claim, result_json=result_json, follow_ups=children,
             opens=opens, charge=units, effects=effects, asks=asks))
@@ -359,7 +359,8 @@ class Store:
         refused: dict[int, Settled] = {}
         for index, outcome in enumerate(check_batch(outcomes, "outcomes")):
             try:
-                prepared[index] = _indexed(index, self._settling, outcome, prefix="outcomes")
+                prepared[index] = _indexed(index, _settling, self._settings, self._rng,
+                                           outcome, prefix="outcomes")
             except (InvalidInput, Unauthorized) as exc:
                 claim = getattr(outcome, "claim", None)
                 refused[index] = Settled(task_id=getattr(claim, "task_id", ""), error=exc)
@@ -373,39 +374,6 @@ class Store:
                         else ([], []))
         refused.update(zip(ordered, done, strict=True))
         return [refused[index] for index in range(len(refused))], claims
-
-    def _settling(self, outcome: object) -> tasks.Settling:
-        if isinstance(outcome, Finished):
-            claim = check_claim(outcome.claim)
-            result_json = check_json(outcome.result, "result", limits=self._settings.limits,
-                                     require_object=False)
-            settling = tasks.Settling(
-                claim=claim, message="task finished", charge=_charge(outcome.charge),
-                decide=lambda now: transitions.finish(result_json=result_json, now=now))
-            if _none(outcome.follow_ups) and _none(outcome.waits) \
-                    and _none(outcome.side_effects):
-                return settling  # what nearly every handler ends with: only its result
-            follow_ups = self._follow_ups(claim, check_batch(outcome.follow_ups, "follow_ups"))
-            waits = check_batch(outcome.waits, "waits")
-            return replace(
-                settling, follow_ups=follow_ups, opens=self._waits(claim, waits),
-                asks=self._asks(waits),
-                effects=self._effects(check_batch(outcome.side_effects, "side_effects")))
-        if isinstance(outcome, Failed):
-            claim = check_claim(outcome.claim)
-            reason = check_text(outcome.reason, "reason", max_bytes=4096)
-            retryable = check_bool(outcome.retryable, "retryable")
-            delay = self._settings.backoff.delay(claim.attempt, self._rng)
-            return tasks.Settling(claim=claim, message="task failed", decide=lambda now: (
-                transitions.fail(attempt=claim.attempt, max_attempts=claim.max_attempts,
-                                 retryable=retryable, reason=reason, now=now, delay=delay)))
-        if isinstance(outcome, Released):
-            claim = check_claim(outcome.claim)
-            seconds = _delay(outcome.delay)
-            return tasks.Settling(claim=claim, message="task released", decide=lambda now: (
-                transitions.release(now=now, delay=seconds)))
-        raise InvalidInput("outcome", f"must be Finished, Failed or Released, got "
-                                      f"{type(outcome).__name__}")
 
     def renew_all(self, claims: Iterable[Claim], *,
                   lease: float | None = None) -> list[Claim | Fenced]:
@@ -1292,55 +1260,111 @@ class Store:
     def _lease(lease: float | None, default: float) -> float:
         return default if lease is None else check_lease(lease)
 
-    def _waits(self, claim: Claim, opens: Sequence[OpenWait]) -> list[waits.OpenRequest]:
-        checked = []
-        for index, item in enumerate(opens):
-            if not isinstance(item, OpenWait):
-                raise InvalidInput(f"waits[{index}]", "must be an OpenWait")
-            request = _indexed(
-                index, waits.check_open, self._settings, flow=item.flow, step=item.step,
-                expected_generation=item.expected_generation, deadline=item.deadline,
-                request_id=item.request_id, task_id=claim.task_id, responder=item.responder,
-                prefix="waits")
-            if check_bool(item.children, f"waits[{index}].children"):
-                if item.responder is not None or item.approval is not None:
-                    raise InvalidInput(f"waits[{index}].children", "a fan-in is answered by "
-                                       "postroom alone: it names no responder or approval")
-                # The task's own reserved principal: no caller can signal it (tasks reads
-                # it as the mark of a fan-in).
-                request = replace(request, responder=follow_up_principal(claim.task_id))
-            checked.append(request)
-        if len({(request.flow, request.step) for request in checked}) < len(checked):
-            raise InvalidInput("waits", "two waits name the same flow and step")
-        return checked
 
-    def _asks(self, opens: Sequence[OpenWait]) -> dict[int, approvals.CheckedAsk]:
-        """The approval requests of ``opens`` (already checked by ``_waits``), by index."""
-        return {index: _indexed(index, approvals.check_ask, self._settings, item.approval,
-                                item.responder, prefix="waits")
-                for index, item in enumerate(opens) if item.approval is not None}
+def check_settlement(outcome: Settlement, settings: Settings | None = None) -> None:
+    """Refuse, as ``Store.settle`` would before its transaction, an outcome whose content no
+    store can take: ``InvalidInput`` naming the field (a result or a follow-up's payload that
+    is not JSON, a follow-up's ``max_attempts`` out of range, two waits on one step, ...).
 
-    def _effects(self, effects: Sequence[SideEffect]) -> list[approvals.CheckedEffect]:
-        return [approvals.check_effect(self._settings, effect, f"side_effects[{index}]")
-                for index, effect in enumerate(effects)]
+    With the default ``settings`` the limits are SPEC's defaults, which a store may lower
+    but never raise: an outcome refused here is refused by every store. A worker that is
+    not beside the store (``postroom.client.RemoteWorker``) checks its outcomes with it, so
+    that one it cannot send fails its own attempt instead of the request carrying it.
+    """
+    _settling(settings or _DEFAULT_SETTINGS, random.Random(0), outcome)
 
-    def _follow_ups(self, claim: Claim, follow_ups: Sequence[FollowUp]) -> list[CheckedEnvelope]:
-        seen: set[str] = set()
-        checked = []
-        parent = inbox.Parent(task_id=claim.task_id, principal=claim.principal,
-                              deadline=claim.deadline, hops=claim.hops, queue=claim.queue,
-                              requester=claim.requester)
-        namespace = follow_up_principal(claim.task_id)
-        for index, follow_up in enumerate(follow_ups):
-            if not isinstance(follow_up, FollowUp):
-                raise InvalidInput(f"follow_ups[{index}]", "must be a FollowUp")
-            if follow_up.message_id in seen:
-                raise InvalidInput(f"follow_ups[{index}].message_id",
-                                   f"{follow_up.message_id!r} appears twice")
-            seen.add(follow_up.message_id)
-            checked.append(_indexed(index, inbox.check_follow_up, self._settings, follow_up,
-                                    parent, namespace=namespace, prefix="follow_ups"))
-        return checked
+
+_DEFAULT_SETTINGS = Settings()
+
+
+def _settling(settings: Settings, rng: random.Random, outcome: object) -> tasks.Settling:
+    if isinstance(outcome, Finished):
+        claim = check_claim(outcome.claim)
+        result_json = check_json(outcome.result, "result", limits=settings.limits,
+                                 require_object=False)
+        settling = tasks.Settling(
+            claim=claim, message="task finished", charge=_charge(outcome.charge),
+            decide=lambda now: transitions.finish(result_json=result_json, now=now))
+        if _none(outcome.follow_ups) and _none(outcome.waits) \
+                and _none(outcome.side_effects):
+            return settling  # what nearly every handler ends with: only its result
+        follow_ups = _follow_ups(settings, claim,
+                                 check_batch(outcome.follow_ups, "follow_ups"))
+        waits = check_batch(outcome.waits, "waits")
+        return replace(
+            settling, follow_ups=follow_ups, opens=_waits(settings, claim, waits),
+            asks=_asks(settings, waits),
+            effects=_effects(settings, check_batch(outcome.side_effects, "side_effects")))
+    if isinstance(outcome, Failed):
+        claim = check_claim(outcome.claim)
+        reason = check_text(outcome.reason, "reason", max_bytes=4096)
+        retryable = check_bool(outcome.retryable, "retryable")
+        delay = settings.backoff.delay(claim.attempt, rng)
+        return tasks.Settling(claim=claim, message="task failed", decide=lambda now: (
+            transitions.fail(attempt=claim.attempt, max_attempts=claim.max_attempts,
+                             retryable=retryable, reason=reason, now=now, delay=delay)))
+    if isinstance(outcome, Released):
+        claim = check_claim(outcome.claim)
+        seconds = _delay(outcome.delay)
+        return tasks.Settling(claim=claim, message="task released", decide=lambda now: (
+            transitions.release(now=now, delay=seconds)))
+    raise InvalidInput("outcome", f"must be Finished, Failed or Released, got "
+                                  f"{type(outcome).__name__}")
+
+
+def _waits(settings: Settings, claim: Claim, opens: Sequence[OpenWait]) -> list[waits.OpenRequest]:
+    checked = []
+    for index, item in enumerate(opens):
+        if not isinstance(item, OpenWait):
+            raise InvalidInput(f"waits[{index}]", "must be an OpenWait")
+        request = _indexed(
+            index, waits.check_open, settings, flow=item.flow, step=item.step,
+            expected_generation=item.expected_generation, deadline=item.deadline,
+            request_id=item.request_id, task_id=claim.task_id, responder=item.responder,
+            prefix="waits")
+        if check_bool(item.children, f"waits[{index}].children"):
+            if item.responder is not None or item.approval is not None:
+                raise InvalidInput(f"waits[{index}].children", "a fan-in is answered by "
+                                   "postroom alone: it names no responder or approval")
+            # The task's own reserved principal: no caller can signal it (tasks reads
+            # it as the mark of a fan-in).
+            request = replace(request, responder=follow_up_principal(claim.task_id))
+        checked.append(request)
+    if len({(request.flow, request.step) for request in checked}) < len(checked):
+        raise InvalidInput("waits", "two waits name the same flow and step")
+    return checked
+
+
+def _asks(settings: Settings, opens: Sequence[OpenWait]) -> dict[int, approvals.CheckedAsk]:
+    """The approval requests of ``opens`` (already checked by ``_waits``), by index."""
+    return {index: _indexed(index, approvals.check_ask, settings, item.approval,
+                            item.responder, prefix="waits")
+            for index, item in enumerate(opens) if item.approval is not None}
+
+
+def _effects(settings: Settings, effects: Sequence[SideEffect]) -> list[approvals.CheckedEffect]:
+    return [approvals.check_effect(settings, effect, f"side_effects[{index}]")
+            for index, effect in enumerate(effects)]
+
+
+def _follow_ups(settings: Settings, claim: Claim,
+                follow_ups: Sequence[FollowUp]) -> list[CheckedEnvelope]:
+    seen: set[str] = set()
+    checked = []
+    parent = inbox.Parent(task_id=claim.task_id, principal=claim.principal,
+                          deadline=claim.deadline, hops=claim.hops, queue=claim.queue,
+                          requester=claim.requester)
+    namespace = follow_up_principal(claim.task_id)
+    for index, follow_up in enumerate(follow_ups):
+        if not isinstance(follow_up, FollowUp):
+            raise InvalidInput(f"follow_ups[{index}]", "must be a FollowUp")
+        if follow_up.message_id in seen:
+            raise InvalidInput(f"follow_ups[{index}].message_id",
+                               f"{follow_up.message_id!r} appears twice")
+        seen.add(follow_up.message_id)
+        checked.append(_indexed(index, inbox.check_follow_up, settings, follow_up,
+                                parent, namespace=namespace, prefix="follow_ups"))
+    return checked
 
 
 def _info(database: Database, settings: Settings, *, settings_from: str) -> dict[str, Any]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import enum
+import json
 import threading
 
 import httpx
@@ -523,3 +525,138 @@ def test_a_remote_worker_refuses_per_queue_settings_that_cannot_be(service, give
     app.handler("default")(lambda payload, ctx: None)
     with pytest.raises(postroom.InvalidInput, match=problem.replace("[", r"\[")):
         RemoteWorker(service.client("wendy"), app, **given)
+
+
+def test_a_refusal_names_its_field_once(service):
+    with pytest.raises(postroom.InvalidInput) as invalid:
+        service.client("alice").submit("c-1", {"n": 1}, deadline=DEADLINE, max_attempts=0)
+    assert invalid.value.field == "max_attempts"
+    assert str(invalid.value).count("max_attempts") == 1
+
+
+def test_a_remote_worker_for_a_queue_without_a_handler_is_refused_when_it_is_made(service):
+    app = App()
+    app.handler("other")(lambda payload, ctx: "ok")
+    with pytest.raises(postroom.InvalidInput) as refused:
+        RemoteWorker(service.client("wendy"), app, queues=["default"])
+    assert str(refused.value) == "queues: no handler for 'default'"
+
+
+def test_a_remote_handler_sees_the_owner_its_claim_is_recorded_under(service):
+    seen = []
+    app = App()
+    app.handler("default")(lambda payload, ctx: seen.append(ctx.claim.owner))
+    [task_id] = submitted(service, 1)
+    RemoteWorker(service.client("wendy"), app).run_once()
+    assert seen == ["http:wendy"] == [service.store.story(task_id).attempts[0].owner]
+
+
+class Level(enum.IntEnum):
+    HIGH = 2
+
+
+@pytest.mark.parametrize(("result", "field"), [
+    ({1: "one"}, "result"), ({"level": Level.HIGH}, "result.level"),
+    ({"n": 2**70}, "result.n"), ({"x": float("nan")}, "result.x")])
+def test_a_remote_result_json_would_not_carry_as_it_is_fails_its_attempt_for_good(
+        service, result, field):
+    app = App()
+    app.handler("default")(lambda payload, ctx: result)
+    [task_id] = submitted(service, 1)
+    RemoteWorker(service.client("wendy"), app).run_once()
+    task = service.store.task(task_id)
+    assert (task.state, task.result) == ("failed", None)
+    assert task.last_error.startswith(f"finish refused: InvalidInput: {field}: ")
+
+
+def test_a_remote_follow_up_that_is_not_json_fails_its_attempt_and_costs_the_others_nothing(
+        service):
+    app = App()
+
+    @app.handler("default")
+    def handle(payload: dict, ctx: Context) -> str:
+        if payload["n"] == 0:
+            ctx.spawn("child", {"x": object()})
+        return "ok"
+
+    bad, good = submitted(service, 2)
+    worker = RemoteWorker(service.client("wendy"), app, batch=2)
+    assert worker.run_once() == 2
+    assert service.store.task(bad).state == "failed"
+    assert "follow_ups[0].payload.x: object is not a JSON value" in (
+        service.store.task(bad).last_error)
+    assert service.store.task(good).state == "done"
+    assert worker.settled == {"finish": 1, "fail": 1, "release": 0, "fenced": 0}
+
+
+class RefusesFirstSettlement(httpx.HTTPTransport):
+    """Answers the first settlement as a service whose schema refused its first outcome
+    would (a 400 naming it, nothing served); serves everything else."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.settlements: list[dict] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/settlements":
+            self.settlements.append(json.loads(request.content))
+            if len(self.settlements) == 1:
+                return httpx.Response(400, json={
+                    "type": "/problems/invalid-input", "title": "Invalid input",
+                    "status": 400, "detail": "outcomes[0].result: not taken here",
+                    "field": "outcomes[0].result"})
+        return super().handle_request(request)
+
+
+def test_a_settlement_refused_for_one_outcome_fails_that_attempt_and_commits_the_others(
+        service):
+    app = App()
+    app.handler("default")(lambda payload, ctx: "ok")
+    submitted(service, 2)
+    transport = RefusesFirstSettlement()
+    client = Client(service.url, service.tokens["wendy"], retries=0, transport=transport)
+    service.opened.append(client)
+    worker = RemoteWorker(client, app, batch=2)
+    assert worker.run_once() == 2
+    first, again = transport.settlements
+    refused = first["outcomes"][0]["task_id"]
+    assert [(item["task_id"], item["outcome"]) for item in again["outcomes"]] == [
+        (refused, "fail"), (first["outcomes"][1]["task_id"], "finish")]
+    task = service.store.task(refused)
+    assert task.state == "failed"
+    assert task.last_error == "finish refused: InvalidInput: outcomes[0].result: not taken here"
+    assert worker.settled == {"finish": 1, "fail": 1, "release": 0, "fenced": 0}
+
+
+class SignalsClaims(httpx.HTTPTransport):
+    """Sets ``claiming`` as each claim request is sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.claiming = threading.Event()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/claims":
+            self.claiming.set()
+        return super().handle_request(request)
+
+
+def test_a_remote_worker_stopped_while_its_claim_waits_hands_back_what_the_claim_brings(
+        service):
+    ran = []
+    app = App()
+    app.handler("default")(lambda payload, ctx: ran.append(ctx.task_id))
+    transport = SignalsClaims()
+    client = Client(service.url, service.tokens["wendy"], retries=0, transport=transport)
+    service.opened.append(client)
+    worker = RemoteWorker(client, app, poll=5.0)
+    running = threading.Thread(target=worker.run)
+    running.start()
+    assert transport.claiming.wait(30)
+    worker.stop()
+    [task_id] = submitted(service, 1)  # the claim waiting for work takes it
+    running.join(30)
+    assert not running.is_alive()
+    task = service.store.task(task_id)
+    assert ran == [] and (task.state, task.attempts) == ("pending", 0)
+    assert worker.settled == {"finish": 0, "fail": 0, "release": 1, "fenced": 0}

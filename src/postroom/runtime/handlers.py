@@ -49,8 +49,8 @@ from postroom.runtime.duty import check_interval
 from postroom.validation import DEFAULT_LIMITS, check_int, check_text
 
 __all__ = ["App", "Context", "EventLoopThread", "Handler", "HandlerSpec", "PermanentFailure",
-           "Resumer", "check_by_queue", "execution_timeouts", "failure_reason", "outcome_of",
-           "refused_finish", "timed_out"]
+           "Resumer", "check_by_queue", "execution_timeouts", "failure_reason",
+           "handled_queues", "outcome_of", "refused_finish", "timed_out"]
 
 #: How much of a failure's text is kept as the task's error (the store takes up to 4 KiB).
 _REASON_CHARS = 1000
@@ -358,6 +358,18 @@ class Context:
     def waits(self) -> tuple[OpenWait, ...]:
         """The waits asked for so far."""
         return tuple(self._waits)
+
+
+def handled_queues(app: App, queues: Sequence[str] | None) -> tuple[str, ...]:
+    """The queues a worker of ``app`` claims from: ``queues``, or every queue ``app`` has a
+    handler for; ``InvalidInput`` if there are none, or if one has no handler."""
+    chosen = tuple(queues) if queues is not None else tuple(app.queues)
+    if not chosen:
+        raise InvalidInput("queues", "the app has no handler, and no queue was named")
+    missing = [name for name in chosen if app.handler_for(name) is None]
+    if missing:
+        raise InvalidInput("queues", f"no handler for {', '.join(map(repr, missing))}")
+    return chosen
 
 
 def check_by_queue(queue_concurrency: object, timeouts: object,

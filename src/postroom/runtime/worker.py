@@ -65,6 +65,7 @@ from postroom.runtime.handlers import (
     HandlerSpec,
     check_by_queue,
     execution_timeouts,
+    handled_queues,
     outcome_of,
     refused_finish,
     timed_out,
@@ -273,13 +274,7 @@ class Worker:
         self._app = app
         self._settings = settings = settings if settings is not None else WorkerSettings()
         self.owner = settings.owner or default_owner()
-        queues = settings.queues if settings.queues is not None else app.queues
-        if not queues:
-            raise InvalidInput("queues", "the app has no handler, and no queue was named")
-        missing = [name for name in queues if app.handler_for(name) is None]
-        if missing:
-            raise InvalidInput("queues", f"no handler for {', '.join(map(repr, missing))}")
-        self.queues = tuple(queues)
+        self.queues = handled_queues(app, settings.queues)
         check_by_queue(settings.queue_concurrency, settings.timeouts, self.queues)
         self._caps = dict(settings.queue_concurrency)
         self._timeouts = execution_timeouts(app, self.queues, settings.timeouts)
