@@ -485,3 +485,27 @@ def test_a_queue_without_a_handler_is_refused_when_the_worker_is_made(store):
 def test_a_worker_setting_out_of_range_is_refused_naming_it(field, value):
     with pytest.raises(postroom.InvalidInput, match=field):
         WorkerSettings(**{field: value})
+
+
+class Interrupted(BaseException):
+    """Not an ``Exception``: what no handler's failure is made of."""
+
+
+@pytest.mark.parametrize("ending", [Interrupted, SystemExit, KeyboardInterrupt])
+def test_a_coroutine_ending_in_a_base_exception_is_abandoned_and_the_loop_runs_the_next(
+        store, ending):
+    app = App()
+
+    @app.handler("default")
+    async def handle(payload: dict[str, object], ctx: Context) -> str:
+        if payload.get("end"):
+            raise ending
+        return "next"
+
+    abandoned = send(store, "ends", {"end": True})
+    settings = dataclasses.replace(FAST, concurrency=1)
+    with running(store, app, settings) as worker:
+        eventually(lambda: worker.stats.abandoned == 1)
+        after = send(store, "after")  # its slot came back, and the loop still runs
+        eventually(lambda: state(store, after) == TaskState.DONE)
+    assert store.task(abandoned).state == TaskState.RUNNING  # its lease will run out

@@ -341,14 +341,15 @@ class Interrupted(BaseException):
     """Not an ``Exception``: what no handler's failure is made of."""
 
 
+@pytest.mark.parametrize("ending", [Interrupted, SystemExit, KeyboardInterrupt])
 @pytest.mark.parametrize("coroutine", [False, True])
-def test_a_remote_handler_ending_in_a_base_exception_abandons_only_its_own_task(service,
-                                                                                coroutine):
+def test_a_remote_handler_ending_in_a_base_exception_abandons_only_its_own_task(
+        service, coroutine, ending):
     app = App()
 
     def outcome(payload: dict) -> int:
         if payload["n"] == 0:
-            raise Interrupted
+            raise ending
         return payload["n"]
 
     async def handle_async(payload: dict, ctx: Context) -> int:

@@ -447,6 +447,19 @@ def _described(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+class _Exited(BaseException):
+    """A coroutine on an ``EventLoopThread`` ended with ``SystemExit`` or
+    ``KeyboardInterrupt`` (its ``__cause__``): a ``BaseException`` still, as what a handler
+    ends with that is no failure, but one that leaves the loop running."""
+
+
+async def _contained(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    try:
+        return await coroutine
+    except (SystemExit, KeyboardInterrupt) as exc:
+        raise _Exited(type(exc).__name__) from exc
+
+
 class EventLoopThread:
     """One event loop on a thread of its own, where a worker runs every ``async def``
     handler: what one coroutine leaves on the loop (an async HTTP client, a connection
@@ -458,8 +471,10 @@ class EventLoopThread:
         self._thread.start()
 
     def submit(self, coroutine: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
-        """Run ``coroutine`` on the loop; cancelling the future cancels it."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        """Run ``coroutine`` on the loop; cancelling the future cancels it. A ``SystemExit``
+        or ``KeyboardInterrupt`` it ends with becomes the future's exception (asyncio would
+        raise it out of the loop, ending every coroutine on it)."""
+        return asyncio.run_coroutine_threadsafe(_contained(coroutine), self.loop)
 
     def call_soon(self, callback: Callable[[], object]) -> None:
         """Run ``callback`` on the loop's thread (cancelling a task there, say)."""

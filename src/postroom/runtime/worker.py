@@ -517,8 +517,10 @@ class Worker:
                 outcome: Settlement | None = outcome_of(held.claim, ctx, lambda: result)
             except asyncio.CancelledError:
                 outcome = None  # cancelled because its claim is no longer current
-            except BaseException as exc:  # every failure is an outcome
+            except Exception as exc:  # every failure is an outcome
                 outcome = outcome_of(held.claim, ctx, _raiser(exc))
+            except BaseException:  # SystemExit and its kind: abandoned, as a function's are
+                outcome = None
             self._ended_one(held, outcome, ran=self._clock.now() - began)
         finally:
             self._coroutine_slots.release()
