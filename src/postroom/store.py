@@ -1271,10 +1271,11 @@ def check_settlement(outcome: Settlement, settings: Settings | None = None) -> N
     not beside the store (``postroom.client.RemoteWorker``) checks its outcomes with it, so
     that one it cannot send fails its own attempt instead of the request carrying it.
     """
-    _settling(settings or _DEFAULT_SETTINGS, random.Random(0), outcome)
+    _settling(settings or _DEFAULT_SETTINGS, _UNUSED_RNG, outcome)
 
 
 _DEFAULT_SETTINGS = Settings()
+_UNUSED_RNG = random.Random(0)  # a failure's backoff is drawn, and dropped, by the check
 
 
 def _settling(settings: Settings, rng: random.Random, outcome: object) -> tasks.Settling:
