@@ -280,8 +280,8 @@ def _holding(call: Call, task: Task | None, fence: int) -> Claim:
 def _claim_json(claim: Claim) -> dict[str, Any]:
     return {"task_id": claim.task_id, "owner": claim.owner, "fence": claim.fence,
             "attempt": claim.attempt, "max_attempts": claim.max_attempts,
-            "payload": claim.payload,
-            "queue": claim.queue, "hops": claim.hops, "deadline": claim.deadline,
+            "payload": claim.payload, "queue": claim.queue, "hops": claim.hops,
+            "deadline": claim.deadline,
             "lease_until": claim.lease_until, "principal": claim.principal,
             "message_id": claim.message_id, "correlation_id": claim.correlation_id,
             "requester": claim.requester}

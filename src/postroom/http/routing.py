@@ -264,15 +264,6 @@ class Served:
     threads: Executor
 
 
-@dataclass(frozen=True, slots=True)
-class _Path:
-    """The routes of one path: its pattern (``None`` when it has no parameters) and its
-    routes by method."""
-
-    pattern: re.Pattern[str] | None
-    methods: dict[str, Route]
-
-
 class Dispatch:
     """ASGI middleware that serves ``routes`` itself and hands every other request to the app
     it wraps (the dashboard, metrics, the OpenAPI document, the 404s).
@@ -290,18 +281,15 @@ class Dispatch:
         self.app = app
         self.served = served
         self.observe = observe
-        fixed: dict[str, _Path] = {}
-        patterned: dict[str, _Path] = {}
+        # Each path's routes by method: the fixed paths by path, the others by pattern.
+        self._fixed: dict[str, dict[str, Route]] = {}
+        patterned: dict[str, dict[str, Route]] = {}
         for route in routes:
-            names = route.path_params
-            into = patterned if names else fixed
-            if route.path not in into:
-                pattern = re.compile("^" + re.sub(r"\{([a-z_]+)\}", r"(?P<\1>[^/]+)",
-                                                  route.path) + "$") if names else None
-                into[route.path] = _Path(pattern, {})
-            into[route.path].methods[route.method] = route
-        self._fixed = fixed
-        self._patterned = list(patterned.values())
+            into = patterned if route.path_params else self._fixed
+            into.setdefault(route.path, {})[route.method] = route
+        self._patterned = [
+            (re.compile("^" + re.sub(r"\{([a-z_]+)\}", r"(?P<\1>[^/]+)", path) + "$"), methods)
+            for path, methods in patterned.items()]
         # Only a path under the first segment of a patterned route can match one.
         self._heads = tuple({"/" + path.split("/")[1] + "/" for path in patterned})
 
@@ -342,13 +330,12 @@ class Dispatch:
             path = path[len(root):]
         fixed = self._fixed.get(path)
         if fixed is not None:
-            return fixed.methods, {}
+            return fixed, {}
         if path.startswith(self._heads):
-            for candidate in self._patterned:
-                assert candidate.pattern is not None
-                matched = candidate.pattern.match(path)
+            for pattern, methods in self._patterned:
+                matched = pattern.match(path)
                 if matched is not None:
-                    return candidate.methods, matched.groupdict()
+                    return methods, matched.groupdict()
         return None
 
     async def _serve(self, route: Route, params: dict[str, str], scope: Scope,
