@@ -41,7 +41,17 @@ from urllib.parse import quote
 
 import httpx
 
-from postroom.errors import Conflict, Fenced, InvalidInput, NotFound, PostroomError, Unauthorized
+from postroom.errors import (
+    Conflict,
+    Fenced,
+    InvalidInput,
+    NotApproved,
+    NotFound,
+    PayloadCollision,
+    PostroomError,
+    Unauthorized,
+    WaitNotOpened,
+)
 from postroom.models import (
     Ack,
     Claim,
@@ -93,6 +103,24 @@ def _error(response: httpx.Response, path: str) -> PostroomError:
     return _problem_error(response.status_code, problem, path)
 
 
+#: The members of a problem that rebuild the store's own error (the service adds them).
+_APPROVAL = ("action", "resource", "reason")
+_COLLISION = ("identity", "collision")
+
+
+def _texts(problem: dict[str, Any], names: Sequence[str]) -> bool:
+    return all(type(problem.get(name)) is str for name in names)
+
+
+def _opening(problem: dict[str, Any]) -> WaitOpening | None:
+    """The ``WaitOpening`` a ``wait-not-opened`` problem describes, if it is whole."""
+    try:
+        return WaitOpening(result=OpenResult(problem["result"]), flow=str(problem["flow"]),
+                           step=str(problem["step"]), generation=int(problem["generation"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def _problem_error(status: int, problem: dict[str, Any], path: str) -> PostroomError:
     """The postroom error a problem document of ``status`` stands for."""
     detail = str(problem.get("detail", ""))
@@ -102,12 +130,18 @@ def _problem_error(status: int, problem: dict[str, Any], path: str) -> PostroomE
         field = str(problem.get("field", "body"))
         # The service's detail is the store's error text, which starts with the field.
         error = InvalidInput(field, detail.removeprefix(f"{field}: "))
+    elif status == 403 and kind == "not-approved" and _texts(problem, _APPROVAL):
+        error = NotApproved(*(str(problem[name]) for name in _APPROVAL))
     elif status in (401, 403):
         error = Unauthorized(detail)
     elif status == 404:
         error = NotFound(f"{path}: {detail}")
     elif status == 409 and kind == "lease-lost":
         error = Fenced(path, detail)
+    elif status == 409 and kind == "payload-collision" and _texts(problem, _COLLISION):
+        error = PayloadCollision(str(problem["identity"]), str(problem["collision"]))
+    elif status == 409 and kind == "wait-not-opened" and (opening := _opening(problem)):
+        error = WaitNotOpened(opening)
     elif status == 409:
         error = Conflict(detail)
     else:
@@ -543,6 +577,17 @@ _TOO_LARGE = 413
 _Done = tuple[Claim, Context, Finished | Failed | Released | None]
 
 
+def _awaited(running: concurrent.futures.Future[Any]) -> Any:
+    """What a coroutine run by ``EventLoopThread.submit`` returned. Cancelled (by
+    ``_abandon``, or by raising ``asyncio.CancelledError`` itself), it ends as a coroutine
+    does in the local worker: with a ``CancelledError`` that is no failure (the future's own
+    is an ``Exception``)."""
+    try:
+        return running.result()
+    except concurrent.futures.CancelledError:
+        raise asyncio.CancelledError from None
+
+
 class RemoteWorker:
     """Runs ``app``'s handlers for the tasks a worker principal claims over HTTP.
 
@@ -971,7 +1016,7 @@ class RemoteWorker:
                 self._coroutines[claim.task_id] = running
             if context.cancelled:  # lost meanwhile: ``_abandon`` found nothing to cancel
                 running.cancel()
-            call = running.result
+            call = partial(_awaited, running)
         else:
             call = partial(spec.function, claim.payload, context)
         try:

@@ -118,6 +118,7 @@ class PayloadCollision(Conflict):
 
     def __init__(self, identity: str, detail: str = "") -> None:
         self.identity = identity
+        self.detail = detail
         message = f"{identity} already exists with different content"
         super().__init__(f"{message}: {detail}" if detail else message)
 

@@ -491,7 +491,8 @@ class Interrupted(BaseException):
     """Not an ``Exception``: what no handler's failure is made of."""
 
 
-@pytest.mark.parametrize("ending", [Interrupted, SystemExit, KeyboardInterrupt])
+@pytest.mark.parametrize("ending", [Interrupted, SystemExit, KeyboardInterrupt,
+                                    asyncio.CancelledError])
 def test_a_coroutine_ending_in_a_base_exception_is_abandoned_and_the_loop_runs_the_next(
         store, ending):
     app = App()

@@ -194,3 +194,41 @@ def test_a_remote_worker_commits_the_side_effect_its_handler_declares(service):
     assert worker.run_once() == 1
     [effect] = service.store.side_effects(ack.task_id)
     assert effect.approval_id == "a-1" and service.store.approval("a-1").uses == 1
+
+
+def _refused_both_ways(service, outcome: postroom.Finished) -> tuple[Exception, Exception]:
+    """The error the store refuses ``outcome`` with in process, and the error the client
+    raises for the service's refusal of the same outcome (neither writes anything)."""
+    [local] = service.store.settle([outcome])
+    try:
+        service.client("wendy").settle(outcome)
+    except postroom.PostroomError as exc:
+        remote: Exception = exc
+    else:
+        raise AssertionError("the service took an outcome the store refuses")
+    assert local.error is not None
+    return local.error, remote
+
+
+def test_the_client_raises_not_approved_as_the_store_does(service):
+    _ask(service)
+    service.client("alice").submit("m-refund", {"n": 1}, deadline=DEADLINE)
+    [claim] = service.client("wendy").claim()
+    effect = postroom.SideEffect(**EFFECT)
+    local, remote = _refused_both_ways(
+        service, postroom.Finished(claim=claim, result="refunded", side_effects=[effect]))
+    assert type(remote) is type(local) is postroom.NotApproved
+    assert (remote.action, remote.resource, remote.reason, str(remote)) == (
+        local.action, local.resource, local.reason, str(local))
+
+
+def test_the_client_raises_wait_not_opened_as_the_store_does(service):
+    _ask(service)  # FLOW/STEP is waiting: another generation cannot open
+    service.client("alice").submit("m-again", {"n": 1}, deadline=DEADLINE)
+    [claim] = service.client("wendy").claim()
+    again = postroom.OpenWait(flow=FLOW, step=STEP, deadline=START + 600,
+                              expected_generation=1)
+    local, remote = _refused_both_ways(
+        service, postroom.Finished(claim=claim, result="asked again", waits=[again]))
+    assert type(remote) is type(local) is postroom.WaitNotOpened
+    assert (remote.opening, str(remote)) == (local.opening, str(local))

@@ -37,6 +37,18 @@ def test_the_client_raises_postrooms_own_errors(service):
     assert invalid.value.field == "max_attempts"
 
 
+def test_the_client_raises_a_payload_collision_as_the_store_does(service):
+    agent = service.client("alice")
+    agent.submit("c-1", {"n": 1}, deadline=DEADLINE)
+    with pytest.raises(postroom.PayloadCollision) as local:
+        service.store.receive(postroom.AuthContext(principal="alice", role="agent"),
+                              postroom.Envelope(message_id="c-1", payload={"n": 2},
+                                                deadline=DEADLINE, sender="alice"))
+    with pytest.raises(postroom.PayloadCollision) as remote:
+        agent.submit("c-1", {"n": 2}, deadline=DEADLINE)
+    assert (remote.value.identity, str(remote.value)) == (local.value.identity, str(local.value))
+
+
 def test_the_async_client_speaks_the_same_api(service):
     async def run() -> tuple[postroom.Ack, dict]:
         async with AsyncClient(service.url, service.tokens["alice"]) as agent:
@@ -152,6 +164,19 @@ def submitted(service, count: int, prefix: str = "r") -> list[str]:
     agent = service.client("alice")
     return [agent.submit(f"{prefix}-{n}", {"n": n}, deadline=DEADLINE).task_id
             for n in range(count)]
+
+
+def test_a_remote_finish_whose_wait_cannot_open_fails_naming_the_stores_error(service):
+    app = App()
+    app.handler("default")(lambda payload, ctx: ctx.open_wait("f", "s", DEADLINE) or "asked")
+    opened, refused = submitted(service, 2)
+    RemoteWorker(service.client("wendy"), app, batch=1).run_once()
+    RemoteWorker(service.client("wendy"), app, batch=1).run_once()
+    assert service.store.task(opened).state == "done"
+    task = service.store.task(refused)
+    assert (task.state, task.last_error) == ("pending", (
+        "finish refused: WaitNotOpened: wait 'f'/'s' did not open: stale (its generation is "
+        "1); nothing was written"))
 
 
 class Meeting:
@@ -341,7 +366,8 @@ class Interrupted(BaseException):
     """Not an ``Exception``: what no handler's failure is made of."""
 
 
-@pytest.mark.parametrize("ending", [Interrupted, SystemExit, KeyboardInterrupt])
+@pytest.mark.parametrize("ending", [Interrupted, SystemExit, KeyboardInterrupt,
+                                    asyncio.CancelledError])
 @pytest.mark.parametrize("coroutine", [False, True])
 def test_a_remote_handler_ending_in_a_base_exception_abandons_only_its_own_task(
         service, coroutine, ending):

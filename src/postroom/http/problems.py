@@ -80,7 +80,8 @@ def problem_for(exc: PostroomError) -> Problem:
     if isinstance(exc, InvalidInput):
         return Problem(400, "invalid-input", "Invalid input", str(exc), field=exc.field)
     if isinstance(exc, NotApproved):
-        return Problem(403, "not-approved", "Not approved", str(exc))
+        return Problem(403, "not-approved", "Not approved", str(exc), action=exc.action,
+                       resource=exc.resource, reason=exc.reason)
     if isinstance(exc, Unauthorized):
         return Problem(403, "forbidden", "Forbidden", str(exc))
     if isinstance(exc, Fenced):
@@ -88,9 +89,13 @@ def problem_for(exc: PostroomError) -> Problem:
                        "the claim is no longer current: another worker holds the task, or "
                        "its lease or deadline ran out; nothing was written")
     if isinstance(exc, PayloadCollision):
-        return Problem(409, "payload-collision", "Payload collision", str(exc))
+        return Problem(409, "payload-collision", "Payload collision", str(exc),
+                       identity=exc.identity, collision=exc.detail)
     if isinstance(exc, WaitNotOpened):
-        return Problem(409, "wait-not-opened", "Wait not opened", str(exc))
+        opening = exc.opening
+        return Problem(409, "wait-not-opened", "Wait not opened", str(exc),
+                       flow=opening.flow, step=opening.step, result=opening.result.value,
+                       generation=opening.generation)
     if isinstance(exc, Conflict):
         return Problem(409, "conflict", "Conflict", str(exc))
     if isinstance(exc, NotFound):
