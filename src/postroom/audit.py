@@ -47,7 +47,7 @@ CHECKS: dict[str, tuple[str, ...]] = {
         "side_effect_unapproved",
     ),
     "receiver": (
-        "effect_without_receipt", "duplicate_effects", "receipt_without_effect",
+        "effect_without_receipt", "receipt_without_effect",
     ),
 }
 

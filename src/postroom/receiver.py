@@ -90,26 +90,24 @@ class Receiver:
         # take the receipts' key locks in one order (on PostgreSQL the second waits for the
         # first instead of deadlocking). The sort is stable: of one id given twice, the
         # first in the batch is the new one.
-        receipts: dict[int, int] = {}
         for index in sorted(parsed, key=lambda i: replies[i].reply_id):
-            recorded = self._record(tx, replies[index])
-            if isinstance(recorded, Outcome):
-                outcomes[index] = recorded
+            recorded = self._record(tx, replies[index], parsed[index])
+            if recorded is None:
+                documents[index] = parsed[index]
             else:
-                documents[index], receipts[index] = parsed[index], recorded
+                outcomes[index] = recorded
         for index, document in sorted(documents.items()):
-            tx.change("effect_insert", receipt=receipts[index],
-                      **_effect(replies[index], document, tx.now))
             if self._effect is not None:
                 self._effect(tx, document)
             outcomes[index] = Outcome.delivered()
         return [outcomes[index] for index in range(len(replies))]
 
-    def _record(self, tx: Tx, reply: Outgoing) -> Outcome | int:
-        """Insert the receipt: its id if it is new, else the duplicate or the collision."""
-        receipt = _receipt(reply, tx.now)
-        if (inserted := tx.one("receipt_insert", **receipt)) is not None:
-            return int(inserted["id"])
+    def _record(self, tx: Tx, reply: Outgoing, document: dict[str, Any]) -> Outcome | None:
+        """Insert the receipt with its effect: ``None`` if it is new, else the duplicate or
+        the collision."""
+        receipt = _receipt(reply, document, tx.now)
+        if tx.one("receipt_insert", **receipt) is not None:
+            return None
         stored = tx.one("receipt_get", reply_id=reply.reply_id)
         if stored is not None and stored["fingerprint"] == receipt["fingerprint"]:
             return Outcome.delivered(duplicate=True)
@@ -145,16 +143,13 @@ class Receiver:
         self.close()
 
 
-def _receipt(reply: Outgoing, now: float) -> dict[str, Any]:
-    # The fingerprint is computed here: the sender's word is not evidence.
-    return {"reply_id": reply.reply_id, "fingerprint": fingerprint(reply.body),
-            "body": reply.body, "now": now}
-
-
-def _effect(reply: Outgoing, document: dict[str, Any], now: float) -> dict[str, Any]:
+def _receipt(reply: Outgoing, document: dict[str, Any], now: float) -> dict[str, Any]:
+    """A receipt's row: the body with the fingerprint computed here (the sender's word is not
+    evidence), and the effect it records, what the body says of its task."""
     result = document.get("result")
-    return {"reply_id": reply.reply_id, "task_id": document["task_id"],
-            "status": document["status"], "now": now,
+    return {"reply_id": reply.reply_id, "fingerprint": fingerprint(reply.body),
+            "body": reply.body, "now": now, "task_id": document["task_id"],
+            "status": document["status"],
             "result": None if result is None else canonical_json(result)}
 
 

@@ -116,15 +116,27 @@ def test_a_sending_reply_due_before_its_lease_ends_is_named(busy_store):
     assert checks(busy_store) == {"sending_without_owner_or_lease"}
 
 
-def test_a_receiver_effect_without_its_receipt_is_named(receiver):
-    body = '{"kind":"result","result":1,"status":"done","task_id":"t"}'
-    receiver.accept("reply:t", body)
+def corrupt_receipts(receiver: postroom.Receiver, sql: str) -> None:
     dialect = database_of(receiver).dialect
     with dialect.connection() as conn:
         dialect.begin(conn, write=True)
-        dialect.execute(conn, "DELETE FROM receiver_receipts", ())
+        dialect.execute(conn, sql, ())
         dialect.commit(conn)
+
+
+def test_a_receiver_effect_without_its_receipt_is_named(receiver):
+    receiver.accept("reply:t", '{"kind":"result","result":1,"status":"done","task_id":"t"}')
+    corrupt_receipts(receiver, "UPDATE receiver_receipts "
+                               "SET fingerprint = NULL, body = NULL, received_at = NULL")
     assert [v.check for v in audit_database(database_of(receiver))] == ["effect_without_receipt"]
+
+
+def test_a_receipt_without_its_effect_is_named(receiver):
+    receiver.accept("reply:t", '{"kind":"result","result":1,"status":"done","task_id":"t"}')
+    corrupt_receipts(receiver, "UPDATE receiver_receipts "
+                               "SET task_id = NULL, status = NULL, result = NULL, "
+                               "applied_at = NULL")
+    assert [v.check for v in audit_database(database_of(receiver))] == ["receipt_without_effect"]
 
 
 def rewrite_receipts(receiver: postroom.Receiver, body: str) -> None:

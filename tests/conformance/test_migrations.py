@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from contextlib import closing
 from dataclasses import replace
 
@@ -299,6 +300,42 @@ def test_an_upgrade_keeps_the_time_high_water_beside_the_counts(make_url, auth):
         ack = store.receive(auth, envelope("after", deadline=9000.0))
         assert store.task(ack.task_id).created_at == 5000.0
         assert store.status().queues["default"].outcomes[postroom.TaskState.DONE] == 7
+
+
+def test_a_receiver_upgraded_to_one_row_per_reply_keeps_each_receipt_and_effect(make_url):
+    """Version 3 keeps a receipt and its effect in one row: what version 2 held is carried,
+    and what its audit named stays named (an effect whose receipt is gone, a receipt without
+    its effect); a reply whose effect stands alone is a collision, never a second effect."""
+    from postroom.audit import audit_url
+    from postroom.db import Write
+    from postroom.validation import fingerprint
+
+    def body(task: str) -> str:
+        return json.dumps({"kind": "result", "result": 1, "status": "done", "task_id": task},
+                          separators=(",", ":"), sort_keys=True)
+
+    url = make_url("receiver-v2")
+    with closing(Database(dialect_for_url(url), track_time=False)) as database:
+        database.migrate("receiver", target=2)
+        with database.transaction(Write("test.v2")) as tx:
+            for n, task in enumerate(["whole", "alone"], start=1):
+                tx.execute("INSERT INTO receiver_receipts (id, reply_id, fingerprint, body, "
+                           "received_at) VALUES (:id, :reply, :f, :b, 1000)",
+                           {"id": n, "reply": f"reply:{task}", "f": fingerprint(body(task)),
+                            "b": body(task)})
+            for n, task in [(1, "whole"), (-1, "orphan")]:
+                tx.execute("INSERT INTO receiver_effects VALUES (:id, :reply, :task, 'done', "
+                           "'1', 1001)", {"id": n, "reply": f"reply:{task}", "task": task})
+    with postroom.Receiver.open(url) as receiver:
+        assert {(v.check, v.identity) for v in audit_url(url)} == {
+            ("effect_without_receipt", "reply:orphan"),
+            ("receipt_without_effect", "reply:alone")}
+        assert receiver.accept("reply:whole", body("whole")).duplicate
+        with pytest.raises(postroom.PayloadCollision):
+            receiver.accept("reply:orphan", body("orphan"))
+        assert [receiver.effect_count(f"reply:{task}") for task in ("whole", "alone", "orphan")
+                ] == [1, 0, 1]
+        assert receiver.receipt("reply:whole")["received_at"] == 1000
 
 
 def test_an_upgraded_receiver_keeps_its_receipts_and_effects(make_url):

@@ -50,8 +50,7 @@ FROM task_retries
 -- Receiver: every receipt with how many business effects its reply id has.
 SELECT receiver_receipts.reply_id, receiver_receipts.fingerprint,
        receiver_receipts.received_at,
-       (SELECT count(*) FROM receiver_effects
-        WHERE receiver_effects.reply_id = receiver_receipts.reply_id) AS effects
+       CASE WHEN receiver_receipts.applied_at IS NULL THEN 0 ELSE 1 END AS effects
 FROM receiver_receipts
 
 -- name: snapshot_wait_slots

@@ -356,32 +356,21 @@ WHERE state = 'pending' AND attempts = 0 AND not_before IS NOT NULL
   AND available_at < not_before
 
 -- name: audit_receiver_effect_without_receipt
--- Each effect has its receipt.
-SELECT receiver_effects.reply_id AS identity, 'effect without receipt' AS detail
-FROM receiver_effects
-LEFT JOIN receiver_receipts ON receiver_receipts.id = receiver_effects.id
-                           AND receiver_receipts.reply_id = receiver_effects.reply_id
-WHERE receiver_receipts.id IS NULL
-
--- name: audit_receiver_duplicate_effects
--- At most one effect per reply_id.
-SELECT reply_id AS identity, count(*) || ' effects' AS detail FROM receiver_effects
-GROUP BY reply_id HAVING count(*) > 1
+-- Each effect has its receipt (a row holding an effect alone came from an earlier version's
+-- effect whose receipt was gone).
+SELECT reply_id AS identity, 'effect without receipt' AS detail
+FROM receiver_receipts WHERE body IS NULL
 
 -- name: audit_receiver_contents
 -- Receipts whose fingerprint, identity and effect the audit re-derives in Python.
-SELECT receiver_receipts.reply_id, receiver_receipts.fingerprint, receiver_receipts.body,
-       receiver_effects.task_id AS effect_task_id, receiver_effects.status AS effect_status,
-       receiver_effects.result AS effect_result
-FROM receiver_receipts
-LEFT JOIN receiver_effects ON receiver_effects.id = receiver_receipts.id
+SELECT reply_id, fingerprint, body, task_id AS effect_task_id, status AS effect_status,
+       result AS effect_result
+FROM receiver_receipts WHERE body IS NOT NULL
 
 -- name: audit_receiver_receipt_without_effect
 -- A receipt and its effect commit together: no receipt stands alone.
-SELECT receiver_receipts.reply_id AS identity, 'receipt without effect' AS detail
-FROM receiver_receipts
-LEFT JOIN receiver_effects ON receiver_effects.id = receiver_receipts.id
-WHERE receiver_effects.id IS NULL
+SELECT reply_id AS identity, 'receipt without effect' AS detail
+FROM receiver_receipts WHERE applied_at IS NULL
 
 -- name: audit_store_chain_over_budget
 -- No chain admitted more tasks than its task budget, and every task of a chain that was
