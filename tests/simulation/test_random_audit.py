@@ -147,8 +147,10 @@ def test_decisions_that_follow_a_clock_stepping_back_are_reported(make_url, monk
 def test_rounds_report_a_receiver_that_drops_effects(make_url, monkeypatch):
     def no_effect(self, tx, replies):
         for reply in replies:
-            tx.change("receipt_insert", reply_id=reply.reply_id, fingerprint=reply.fingerprint,
-                      body=reply.body, now=tx.now)
+            tx.execute("INSERT INTO receiver_receipts (reply_id, fingerprint, body, "
+                       "received_at) VALUES (:reply_id, :fingerprint, :body, :now)",
+                       {"reply_id": reply.reply_id, "fingerprint": reply.fingerprint,
+                        "body": reply.body, "now": tx.now})
         return [postroom.Outcome.delivered() for _ in replies]
 
     # Patched in this process only: the drain's deliveries lose their effects.
