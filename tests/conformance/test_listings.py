@@ -150,6 +150,22 @@ def test_created_bounds_are_exclusive(spread):
     assert ids(listed.items) == ["t-3", "t-2"]
 
 
+def test_a_created_bound_between_equal_times_and_past_either_end_holds(store, auth, clock):
+    # Tasks received together share their created_at: the bound falls between whole groups.
+    created: dict[str, float] = {}
+    for group, size in enumerate([2, 3, 1, 2]):
+        names = [f"g{group}-{i}" for i in range(size)]
+        store.receive_atomic(auth, [envelope(name) for name in names])
+        created.update(dict.fromkeys(names, clock.now()))
+        clock.advance(1 + group)
+    newest_first = list(reversed(created))
+    for bound in sorted({START - 1, *created.values(), *(t + 0.5 for t in created.values())}):
+        after = flat(every_page(store.list_tasks, created_after=bound, limit=3))
+        before = flat(every_page(store.list_tasks, created_before=bound, limit=3))
+        assert ids(after) == [n for n in newest_first if created[n] > bound], bound
+        assert ids(before) == [n for n in newest_first if created[n] < bound], bound
+
+
 def test_a_created_window_pages_within_itself(spread):
     pages = every_page(spread.list_tasks, created_after=START, created_before=START + 5,
                        limit=2)

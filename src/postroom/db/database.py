@@ -216,6 +216,13 @@ class Tx:
         (see ``Dialect.confirm_locked``)."""
         return self._dialect.confirm_locked(rows, still)
 
+    def tasks_created_from(self, at: float, *, strictly: bool = False) -> int:
+        """The least task id from which every task was created at or after ``at`` (after
+        it, if ``strictly``), where ids follow creation; 0 elsewhere (see
+        ``Dialect.tasks_created_from``): the bound on id that a query walking the order of
+        creation takes with its bound on created_at."""
+        return self._dialect.tasks_created_from(self, at, strictly=strictly)
+
     def durability(self) -> tuple[dict[str, str], list[str]]:
         """The database settings commits' durability depends on, and a warning for each one
         that weakens it (see ``Dialect.durability``)."""

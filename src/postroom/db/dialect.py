@@ -61,6 +61,13 @@ class Dialect(ABC):
     #: Whether a write transaction takes a lock on the whole database (SQLite), so that a
     #: write that may find nothing to do looks first in a read transaction, which does not.
     one_writer: ClassVar[bool] = False
+    #: Whether tasks' integer ids follow their creation: a task created later never has a
+    #: lower id (SQLite: one writer at a time hands out max(id) + 1, and a task's created_at
+    #: is its transaction's time, never below the high-water, which the newest task keeps).
+    #: There, the table itself, walked by id, is the order of creation, and a bound on
+    #: created_at becomes a bound on id (``tasks_created_from``); elsewhere an index on
+    #: (created_at, id) keeps that order.
+    ids_follow_creation: ClassVar[bool] = False
 
     @cached_property
     def queries(self) -> QuerySet:
@@ -178,6 +185,29 @@ class Dialect(ABC):
                       if row is not None and row["high_water"] is not None else 0.0)
         tx.high_water = high_water
         return max(finite_time(self.source_time(clock, row)), high_water)
+
+    def tasks_created_from(self, tx: Tx, at: float, *, strictly: bool = False) -> int:
+        """The least id from which every task was created at or after ``at`` (after it, if
+        ``strictly``), and before which none was: greater than every id when none was.
+
+        Where ids follow creation, a binary search of the ids, each step one lookup by id;
+        elsewhere 0, which bounds nothing (the queries there do not read it).
+        """
+        if not self.ids_follow_creation:
+            return 0
+        span = tx.one("tasks_id_span")
+        if span is None or span["high"] is None:
+            return 0
+        low, high = int(span["low"]), int(span["high"]) + 1
+        while low < high:
+            middle = (low + high) // 2
+            row = tx.one("task_created_from", id=middle)
+            created = None if row is None else float(row["created_at"])
+            if created is None or created > at or (created == at and not strictly):
+                high = middle
+            else:
+                low = middle + 1
+        return low
 
     def clock_read(self, tx: Tx, checks: Sequence[Check]) -> Row | None:
         """The ``clock_read`` row (here without the checks' rows: each is its own statement,

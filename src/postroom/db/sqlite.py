@@ -67,6 +67,16 @@ class SQLiteDialect(Dialect):
         "or_fail": "OR FAIL",
         # The host's clock is the only clock there is.
         "server_time": "NULL",
+        # Ids follow creation (see Dialect.ids_follow_creation): the newest task is the one
+        # of the greatest id, and the table walked by id is the order of creation, its
+        # created_at bounds turned into bounds on id by the caller.
+        "newest_task_created": ("(SELECT (SELECT created_at FROM tasks ORDER BY id DESC "
+                                "LIMIT 1) AS created_at)"),
+        "newest_first": "id DESC",
+        "tasks_newest_first": "tasks.id DESC",
+        "tasks_walk": "id < :walk_below AND id > :walk_above AND",
+        "tasks_walk_from": "tasks.id >= :from_id AND",
+        "tasks_walk_before": "tasks.id < :before_id AND",
         # NULL-safe equality.
         "same_as": "IS",
         # Append a new attempt to a row's history (a JSON array; the SET reads the row as it
@@ -79,6 +89,7 @@ class SQLiteDialect(Dialect):
     }
     driver_error: ClassVar[type[BaseException]] = sqlite3.Error
     one_writer: ClassVar[bool] = True
+    ids_follow_creation: ClassVar[bool] = True
 
     def __init__(self, path: str | Path, *, read_only: bool = False,
                  busy_timeout: float = 30.0, cache_mib: int = 2) -> None:

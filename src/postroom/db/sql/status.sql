@@ -52,10 +52,11 @@ FROM wait_continuations WHERE consumed_at IS NULL
 
 -- name: tasks_page
 -- A page of tasks, newest first, of :state when given (a terminal state: these are the
--- history, and this walks tasks_by_created from the page's bound down).
+-- history, and this walks the order of creation from the page's bound down: the table by
+-- id, between :walk_above and :walk_below, where ids follow creation, else tasks_by_created).
 SELECT * FROM tasks
-WHERE {task_page_bounds} AND (CAST(:state AS TEXT) IS NULL OR state = :state)
-ORDER BY created_at DESC, id DESC
+WHERE {tasks_walk} {task_page_bounds} AND (CAST(:state AS TEXT) IS NULL OR state = :state)
+ORDER BY {newest_first}
 LIMIT :limit
 
 -- name: tasks_page_pending
@@ -97,12 +98,13 @@ LIMIT :limit
 
 -- name: observe_recent_tasks
 -- The tasks created since :since, newest first, with their replies' delivery history (NULL
--- while a task has no reply): walks tasks_by_created from its right edge, then one reply per
--- task by its unique task_id.
+-- while a task has no reply): walks the order of creation from its newest end (the table
+-- down to :from_id where ids follow creation, else tasks_by_created), then one reply per
+-- task by its task's id.
 SELECT tasks.*, replies.history AS delivery_history
 FROM tasks LEFT JOIN replies ON replies.id = tasks.id
-WHERE tasks.created_at >= :since
-ORDER BY tasks.created_at DESC, tasks.id DESC
+WHERE {tasks_walk_from} tasks.created_at >= :since
+ORDER BY {tasks_newest_first}
 LIMIT :limit
 
 -- name: observe_pending_before

@@ -5,13 +5,21 @@
 -- fragment: persisted_high_water
 -- The time high-water mark: the greatest time a committed decision persisted, in a clock row
 -- of postroom_counts or as the creation of the newest task (a transaction that creates a task
--- decides at the time it stores as its created_at, so it writes no clock row; the head of
--- tasks_by_created answers).
+-- decides at the time it stores as its created_at, so it writes no clock row; the task of the
+-- greatest id answers where ids follow creation, else the head of tasks_by_created).
 (SELECT CASE WHEN clock.high_water >= coalesce(newest.created_at, 0) THEN clock.high_water
              ELSE newest.created_at END
  FROM (SELECT max(high_water) AS high_water FROM postroom_counts
        WHERE kind = 'clock') AS clock,
-      (SELECT max(created_at) AS created_at FROM tasks) AS newest)
+      {newest_task_created} AS newest)
+
+-- name: tasks_id_span
+-- The least and the greatest task id (NULLs: no task).
+SELECT min(id) AS low, max(id) AS high FROM tasks
+
+-- name: task_created_from
+-- The first task at or after id :id, and when it was created.
+SELECT id, created_at FROM tasks WHERE id >= :id ORDER BY id LIMIT 1
 
 -- name: clock_read
 -- The persisted time high-water mark, and the database server's own clock for a dialect
@@ -218,7 +226,7 @@ RETURNING lease_until
 SELECT tasks.id, tasks.task_id, tasks.fence AS task_fence, replies.fence AS reply_fence
 FROM tasks
 JOIN replies ON replies.id = tasks.id
-WHERE tasks.created_at < :cutoff
+WHERE {tasks_walk_before} tasks.created_at < :cutoff
   AND (CAST(:task_id AS TEXT) IS NULL OR tasks.task_id = :task_id)
   AND tasks.state IN ({terminal_task_states})
   AND replies.state = 'sent'
