@@ -77,14 +77,12 @@ def prune_once(tx: Tx, *, limit: int) -> tuple[int, int]:
     if retention is None:  # pragma: no cover - every opener publishes one first
         raise SchemaError("the store publishes no retention period")
     cutoff = tx.now - retention.at(tx.now)
-    before_id = tx.tasks_created_from(cutoff)
-    candidates = tx.all("tasks_prunable", cutoff=cutoff, before_id=before_id, task_id=None,
-                        limit=limit)
+    walk = tx.tasks_walk(before=cutoff)
+    candidates = tx.all("tasks_prunable", cutoff=cutoff, task_id=None, limit=limit, **walk)
     # A wait attached to one, or a position received for it, may have committed after the
     # statement chose it; where that can be, each is asked again.
     rows = tx.confirm_locked(candidates, lambda row: tx.one(
-        "tasks_prunable", cutoff=cutoff, before_id=before_id, task_id=row["task_id"],
-        limit=1) is not None)
+        "tasks_prunable", cutoff=cutoff, task_id=row["task_id"], limit=1, **walk) is not None)
     if rows:
         # A claim on a pruned task (reply) may still be held: keep its fence from coming
         # back on a new one with the same identity.

@@ -219,8 +219,9 @@ def _queue_status(tx: Tx, queue: str, counts: Mapping[tuple[str, str], int],
 def observe(tx: Tx, since: float, limit: int) -> Observation:
     """The status, and the tasks created since ``since`` (at most ``limit``) with their
     attempts and deliveries, in one snapshot: see ``Observation``."""
+    # (created_at >= since: after the last task created strictly before it.)
     rows = tx.all("observe_recent_tasks", since=since, limit=limit + 1,
-                  from_id=tx.tasks_created_from(since))
+                  **tx.tasks_walk(after=math.nextafter(since, -math.inf)))
     recent = [Timeline(task=Task.from_row(row), attempts=Attempt.list_from(row["history"]),
                        deliveries=Attempt.list_from(row["delivery_history"]))
               for row in rows[:limit]]
@@ -353,30 +354,11 @@ def list_tasks(tx: Tx, request: PageRequest) -> Page[Task]:
     elif filters["state"] == TaskState.RUNNING.value:
         rows = tx.all("tasks_page_running", **params)
     else:
-        rows = tx.all("tasks_page", state=filters["state"], **params,
-                      **_walk(tx, request.after, filters))
+        rows = tx.all("tasks_page", state=filters["state"], **params, **tx.tasks_walk(
+            after=filters["created_after"], before=filters["created_before"],
+            **({} if request.after is None else {"below": int(request.after[1])})))
     return _page(request, rows, Task.from_row,
                  lambda row: (float(row["created_at"]), int(row["id"])))
-
-
-#: Bounds on a 64-bit id that hold every id.
-_ALL_IDS = (-(1 << 63), (1 << 63) - 1)
-
-
-def _walk(tx: Tx, after: tuple[Any, ...] | None,
-          filters: Mapping[str, Any]) -> dict[str, int]:
-    """The ids a page of ``tasks_page`` lies strictly between, where ids follow creation
-    (the table walked by id between them is the page's part of the order of creation):
-    below the cursor's and the first created at or after ``created_before``, above the last
-    created at or before ``created_after``."""
-    below, above = _ALL_IDS[1], _ALL_IDS[0]
-    if after is not None:
-        below = int(after[1])
-    if filters["created_before"] is not None:
-        below = min(below, tx.tasks_created_from(filters["created_before"]))
-    if filters["created_after"] is not None:
-        above = tx.tasks_created_from(filters["created_after"], strictly=True) - 1
-    return {"walk_below": below, "walk_above": above}
 
 
 def list_waits(tx: Tx, request: PageRequest) -> Page[Wait]:

@@ -79,7 +79,8 @@ def recent(store: postroom.Store) -> dict[str, object]:
     """Parameters of the last second's tasks, as ``observe`` reads them."""
     since = store.clock.now() - 1
     with database_of(store).reading() as tx:
-        return {"since": since, "limit": 10_001, "from_id": tx.tasks_created_from(since)}
+        return {"since": since, "limit": 10_001,
+                **tx.tasks_walk(after=math.nextafter(since, -math.inf))}
 
 
 def second_page(**filters: object) -> Callable[[postroom.Store], dict[str, object]]:

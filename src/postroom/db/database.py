@@ -67,6 +67,10 @@ class Write:
 _MIGRATE = Write("migrate")
 
 
+#: Bounds on a 64-bit id that hold every id.
+ID_BOUNDS = (-(1 << 63), (1 << 63) - 1)
+
+
 class Tx:
     """One open transaction. Statements are run by query name with keyword parameters."""
 
@@ -215,6 +219,19 @@ class Tx:
         again where the dialect's locking statements may have chosen from an older snapshot
         (see ``Dialect.confirm_locked``)."""
         return self._dialect.confirm_locked(rows, still)
+
+    def tasks_walk(self, *, after: float | None = None, before: float | None = None,
+                   below: int = ID_BOUNDS[1]) -> dict[str, int]:
+        """The ids a query walking the order of creation (``{tasks_walk}``) stays strictly
+        between: below ``below`` and the first task created at or after ``before``, above
+        the last created at or before ``after`` (where ids follow creation; elsewhere the
+        query does not read them)."""
+        above = ID_BOUNDS[0]
+        if before is not None:
+            below = min(below, self.tasks_created_from(before))
+        if after is not None:
+            above = self.tasks_created_from(after, strictly=True) - 1
+        return {"walk_below": below, "walk_above": above}
 
     def tasks_created_from(self, at: float, *, strictly: bool = False) -> int:
         """The least task id from which every task was created at or after ``at`` (after

@@ -253,11 +253,8 @@ class PostgresDialect(Dialect):
         # Ids are taken from a sequence by concurrent transactions, so they need not follow
         # creation: tasks_by_created keeps that order, and the newest task is its head.
         "newest_task_created": "(SELECT max(created_at) AS created_at FROM tasks)",
-        "newest_first": "created_at DESC, id DESC",
         "tasks_newest_first": "tasks.created_at DESC, tasks.id DESC",
         "tasks_walk": "",
-        "tasks_walk_from": "",
-        "tasks_walk_before": "",
         "same_as": "IS NOT DISTINCT FROM",
         # The history is text (like every JSON postroom keeps), edited as jsonb.
         "history_open": ("CAST(coalesce(CAST(history AS jsonb), '[]') || jsonb_build_array("

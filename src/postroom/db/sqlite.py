@@ -72,11 +72,8 @@ class SQLiteDialect(Dialect):
         # created_at bounds turned into bounds on id by the caller.
         "newest_task_created": ("(SELECT (SELECT created_at FROM tasks ORDER BY id DESC "
                                 "LIMIT 1) AS created_at)"),
-        "newest_first": "id DESC",
         "tasks_newest_first": "tasks.id DESC",
-        "tasks_walk": "id < :walk_below AND id > :walk_above AND",
-        "tasks_walk_from": "tasks.id >= :from_id AND",
-        "tasks_walk_before": "tasks.id < :before_id AND",
+        "tasks_walk": "tasks.id < :walk_below AND tasks.id > :walk_above AND",
         # NULL-safe equality.
         "same_as": "IS",
         # Append a new attempt to a row's history (a JSON array; the SET reads the row as it

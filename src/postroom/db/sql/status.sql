@@ -56,7 +56,7 @@ FROM wait_continuations WHERE consumed_at IS NULL
 -- id, between :walk_above and :walk_below, where ids follow creation, else tasks_by_created).
 SELECT * FROM tasks
 WHERE {tasks_walk} {task_page_bounds} AND (CAST(:state AS TEXT) IS NULL OR state = :state)
-ORDER BY {newest_first}
+ORDER BY {tasks_newest_first}
 LIMIT :limit
 
 -- name: tasks_page_pending
@@ -99,11 +99,11 @@ LIMIT :limit
 -- name: observe_recent_tasks
 -- The tasks created since :since, newest first, with their replies' delivery history (NULL
 -- while a task has no reply): walks the order of creation from its newest end (the table
--- down to :from_id where ids follow creation, else tasks_by_created), then one reply per
--- task by its task's id.
+-- by id down to :walk_above where ids follow creation, else tasks_by_created), then one
+-- reply per task by its task's id.
 SELECT tasks.*, replies.history AS delivery_history
 FROM tasks LEFT JOIN replies ON replies.id = tasks.id
-WHERE {tasks_walk_from} tasks.created_at >= :since
+WHERE {tasks_walk} tasks.created_at >= :since
 ORDER BY {tasks_newest_first}
 LIMIT :limit
 

@@ -226,7 +226,7 @@ RETURNING lease_until
 SELECT tasks.id, tasks.task_id, tasks.fence AS task_fence, replies.fence AS reply_fence
 FROM tasks
 JOIN replies ON replies.id = tasks.id
-WHERE {tasks_walk_before} tasks.created_at < :cutoff
+WHERE {tasks_walk} tasks.created_at < :cutoff
   AND (CAST(:task_id AS TEXT) IS NULL OR tasks.task_id = :task_id)
   AND tasks.state IN ({terminal_task_states})
   AND replies.state = 'sent'
