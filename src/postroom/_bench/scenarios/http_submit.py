@@ -24,18 +24,30 @@ floors say how much of that the client and the server's stack take before postro
 The ceiling row adds them up: round by round, the rate of one ``receive`` plus one request to
 the floor server, what a submission through httpx would reach if the whole service cost
 nothing but its store call.
+
+The server calls the store from a worker thread (the store is synchronous; the event loop
+must keep serving), and that costs the call itself more than the bare trip the stack floor
+times: the loop and the thread both sleep while the commit's fsync (or the database's round
+trips) run, and each must be woken again. The row "``receive`` from an event loop" times
+the same in-process ``receive`` made that way, one call at a time (with uvloop when it is
+installed, as uvicorn runs): beside ``receive`` itself, it is what that trip adds to a
+store call before any HTTP.
 """
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from functools import partial
+from typing import Any
 
 import postroom
 from postroom._bench import answering
@@ -63,6 +75,34 @@ def _in_process(store: postroom.Store, sent: Numbers, tasks: int) -> Callable[[]
                                                    payload={"n": n}, deadline=deadline))
         return tasks
     return round_
+
+
+def _from_event_loop(store: postroom.Store, sent: Numbers, tasks: int,
+                     threads: ThreadPoolExecutor) -> Callable[[], int]:
+    """``_in_process``, each call handed from an event loop to a worker thread and awaited
+    there, as the service makes its store calls."""
+    async def calls() -> None:
+        loop = asyncio.get_running_loop()
+        deadline = time.time() + _DAY
+        for n in sent.take(tasks):
+            await loop.run_in_executor(threads, partial(
+                store.receive, _AUTH, postroom.Envelope(
+                    message_id=f"m-{n}", sender="bench", payload={"n": n}, deadline=deadline)))
+
+    def round_() -> int:
+        _run_loop(calls())
+        return tasks
+    return round_
+
+
+def _run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """Run ``main`` on uvloop if it is installed (uvicorn's choice then), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+    else:
+        uvloop.run(main)
 
 
 def _over_http(client: object, sent: Numbers, tasks: int) -> Callable[[], int]:
@@ -148,6 +188,21 @@ def _check(store: postroom.Store, sent: Numbers, what: str) -> None:
         raise BenchError(f"{what}: {sent.used} tasks sent, {stored} stored")
 
 
+def _local(ctx: Context, tasks: int) -> tuple[Rounds, Rounds]:
+    """The rounds of ``receive`` in process: called directly, then from an event loop."""
+    with postroom.open_store(ctx.target.url("http-local")) as store:
+        sent = Numbers()
+        local = _in_process(store, sent, tasks)
+        local()  # warm-up: the statements, the file's pages
+        local_rounds = ctx.timed_rounds(local)
+        with ThreadPoolExecutor(1, thread_name_prefix="bench-store") as threads:
+            looped = _from_event_loop(store, sent, tasks, threads)
+            looped()
+            looped_rounds = ctx.timed_rounds(looped)
+        _check(store, sent, "in process")
+    return local_rounds, looped_rounds
+
+
 def run(ctx: Context) -> list[Measurement]:
     """Tasks/s of one-at-a-time ``receive`` in process and of ``POST /v1/tasks``."""
     try:
@@ -158,12 +213,7 @@ def run(ctx: Context) -> list[Measurement]:
     backend, tasks = ctx.target.backend, ctx.sizes.http_tasks
     ctx.progress(f"http: {tasks} tasks per round, one at a time, in process and over HTTP "
                  f"({backend})")
-    with postroom.open_store(ctx.target.url("http-local")) as store:
-        sent = Numbers()
-        local = _in_process(store, sent, tasks)
-        local()  # warm-up: the statements, the file's pages
-        local_rounds = ctx.timed_rounds(local)
-        _check(store, sent, "in process")
+    local_rounds, looped_rounds = _local(ctx, tasks)
 
     url = ctx.target.url("http-served")
     with postroom.open_store(url) as store:
@@ -214,6 +264,10 @@ def run(ctx: Context) -> list[Measurement]:
         Measurement(id=f"http.{backend}.receive", backend=backend, unit="tasks/s",
                     label="`receive` in process, one at a time", rounds=local_rounds,
                     details=details),
+        Measurement(id=f"http.{backend}.receive_from_loop", backend=backend, unit="tasks/s",
+                    label="`receive` in process, from an event loop: each call made in a "
+                          "worker thread and awaited, as the service makes it",
+                    rounds=looped_rounds, details=details),
         Measurement(id=f"http.{backend}.submit", backend=backend, unit="tasks/s",
                     label="`POST /v1/tasks` to `postroom serve`, one at a time",
                     rounds=remote_rounds, details=details),
