@@ -173,3 +173,11 @@ def test_the_service_counts_the_duplicates_and_conflicts_it_answered(store):
     # duplicates: "a" again, "a" in the first batch, "b" before the refused item
     assert samples["postroom_http_idempotency_duplicates_total"] == 3
     assert samples["postroom_http_idempotency_conflicts_total"] == 3
+
+
+def test_head_answers_a_scrapes_headers_without_its_body(store):
+    with serve(MetricsApp(registry_for(store))) as url:
+        got, head = httpx.get(f"{url}/metrics"), httpx.head(f"{url}/metrics")
+    assert (head.status_code, head.headers["content-type"], head.content) == (
+        200, CONTENT_TYPE, b"")
+    assert int(head.headers["content-length"]) > 0 and got.content

@@ -130,3 +130,15 @@ def test_a_receiver_needs_a_valid_secret(receiver):
         ReceiverApp(receiver, [])
     with pytest.raises(postroom.InvalidInput, match=r"secrets\[0\]"):
         ReceiverApp(receiver, ["not-a-secret"])
+
+
+def test_a_database_briefly_unavailable_is_503_with_retry_after(app, receiver, monkeypatch):
+    def unavailable(reply_id: str, text: str) -> postroom.ReceiverAck:
+        raise postroom.StoreUnavailable("sqlite: database is locked")
+
+    monkeypatch.setattr(receiver, "accept", unavailable)
+    text = body()
+    with serve(app) as url:
+        answer = post(url, text, signed(text))
+    assert (answer.status_code, answer.headers["retry-after"]) == (503, "1")
+    assert "locked" in answer.json()["error"]

@@ -49,8 +49,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Iterator, MutableMapping
-from typing import Any
+from collections.abc import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client import Counter as PromCounter
@@ -65,6 +64,7 @@ from starlette.routing import Route
 
 from postroom import AttemptOutcome, Observation, ReplyState, Store, TaskState
 from postroom.errors import BatchFailed, PayloadCollision, PostroomError
+from postroom.http.asgi import Receive, Scope, Send, send_body
 from postroom.http.routing import Answer
 from postroom.http.routing import Route as ApiRoute
 
@@ -266,11 +266,6 @@ def registry_for(store: Store, *, window: float = 900.0,
     return registry
 
 
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-
-
 class MetricsApp:
     """An ASGI app answering GET with ``registry``'s metrics (read in a worker thread: the
     store is synchronous)."""
@@ -286,11 +281,7 @@ class MetricsApp:
         else:
             status, kind = 200, CONTENT_TYPE
             body = await asyncio.to_thread(generate_latest, self.registry)
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", kind.encode("ascii")),
-                                (b"content-length", str(len(body)).encode("ascii"))]})
-        await send({"type": "http.response.body",
-                    "body": b"" if scope["method"] == "HEAD" else body})
+        await send_body(send, status, body, kind, head=scope["method"] == "HEAD")
 
 
 def route(store: Store, *, registry: CollectorRegistry | None = None) -> Route:

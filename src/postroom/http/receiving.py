@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from postroom import (
@@ -37,16 +37,11 @@ from postroom import (
     Receiver,
     StoreUnavailable,
 )
+from postroom.http.asgi import Receive, Scope, Send, send_body
 from postroom.signing import TOLERANCE, secret_key, verify
 from postroom.validation import REPLY_BODY_BYTES, is_decimal
 
 __all__ = ["ReceiverApp"]
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-
 
 class _Refused(Exception):
     """Answer ``status`` with ``problem`` (raised while reading a request)."""
@@ -93,7 +88,8 @@ class ReceiverApp:
             status, answer = await asyncio.to_thread(self.take, headers, body)
         except _Refused as refused:
             status, answer = refused.status, {"error": refused.problem}
-        await _respond(send, status, answer)
+        await send_body(send, status, json.dumps(answer).encode("utf-8"), "application/json",
+                        {"retry-after": "1"} if status == 503 else None)
 
     def refuse_length(self, headers: Mapping[str, str]) -> tuple[int, dict[str, Any]] | None:
         """The answer to a POST whose ``content-length`` (``headers`` in lower case) is
@@ -160,16 +156,6 @@ class ReceiverApp:
         except PostroomError as exc:
             return 500, {"error": f"{type(exc).__name__}: {exc}"}
         return 200, {"ack": ack.ack, "reply_id": ack.reply_id, "duplicate": ack.duplicate}
-
-
-async def _respond(send: Send, status: int, answer: dict[str, Any]) -> None:
-    payload = json.dumps(answer).encode("utf-8")
-    headers = [(b"content-type", b"application/json"),
-               (b"content-length", str(len(payload)).encode("ascii"))]
-    if status == 503:
-        headers.append((b"retry-after", b"1"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": payload})
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:
