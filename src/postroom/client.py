@@ -14,10 +14,19 @@ status and the problem document.
 
 Retries are safe because every request names a stable identity: a submit its
 ``message_id`` (a resend is a duplicate), an outcome the task and the claim's fence (a
-resend of one that committed is answered ``replay``), a signal its ``event_id``. So a
-request whose answer is lost (a connection error, a timeout, a 502/503/504) is sent again,
-``retries`` times with a growing pause. One exception: a claim whose answer was lost leaves
-its tasks leased to nobody who knows; they return to the queue when the lease ends.
+resend of one that committed is answered ``replay``), a signal its ``event_id``, a wait's
+opening and a re-run their ``request_id`` (a new one made for each call that names none).
+So a request whose answer is lost (a connection error, a timeout, a 502/503/504) is sent
+again, ``retries`` times with a growing pause. The exceptions:
+
+- a claim whose answer was lost leaves its tasks leased to nobody who knows: when the lease
+  ends, each attempt is spent as a worker's crash spends it (the task runs again while it
+  has attempts left, and fails once it has none);
+- an operator's decision sent again after it took effect is answered as what it finds then
+  (``cancelled: false``, ``paused: false``; a requeue is refused, the reply being pending).
+
+A JSON document no store takes (a key that is not a string, NaN, a value of another type) is
+refused before anything is sent, with the ``InvalidInput`` the store would raise.
 """
 
 from __future__ import annotations
@@ -42,8 +51,10 @@ from urllib.parse import quote
 import httpx
 
 from postroom.errors import (
+    BatchFailed,
     Conflict,
     Fenced,
+    InvalidEnvelope,
     InvalidInput,
     NotApproved,
     NotFound,
@@ -54,6 +65,7 @@ from postroom.errors import (
 )
 from postroom.models import (
     Ack,
+    Budget,
     Claim,
     Failed,
     Finished,
@@ -75,6 +87,7 @@ from postroom.runtime.handlers import (
     timed_out,
 )
 from postroom.store import check_settlement
+from postroom.validation import DEFAULT_LIMITS, check_json
 
 __all__ = ["AsyncClient", "Client", "RemoteWorker", "ServiceError"]
 
@@ -123,6 +136,9 @@ def _opening(problem: dict[str, Any]) -> WaitOpening | None:
 
 def _problem_error(status: int, problem: dict[str, Any], path: str) -> PostroomError:
     """The postroom error a problem document of ``status`` stands for."""
+    stopped = _stopped_batch(status, problem, path)
+    if stopped is not None:
+        return stopped
     detail = str(problem.get("detail", ""))
     kind = str(problem.get("type", "")).rsplit("/", 1)[-1]
     error: PostroomError
@@ -148,6 +164,24 @@ def _problem_error(status: int, problem: dict[str, Any], path: str) -> PostroomE
         error = ServiceError(status, problem)
     error.__dict__["problem"] = problem  # the problem document, for a caller that wants it
     return error
+
+
+def _stopped_batch(status: int, problem: dict[str, Any], path: str) -> BatchFailed | None:
+    """The ``BatchFailed`` of an item-by-item batch the service stopped (its problem names
+    ``failed_index`` and the committed prefix's ``acks``), as ``Store.receive_batch`` raises
+    it: the item's own error, its field named within the item, is the cause."""
+    index, acks = problem.get("failed_index"), problem.get("acks")
+    if type(index) is not int or not isinstance(acks, list):
+        return None
+    item = {name: value for name, value in problem.items()
+            if name not in ("failed_index", "acks")}
+    if isinstance(item.get("field"), str):
+        item["field"] = item["field"].removeprefix(f"envelopes[{index}].")
+    cause = _problem_error(status, item, path)
+    stopped = BatchFailed([_ack(ack) for ack in acks], index, cause)
+    stopped.__cause__ = cause
+    stopped.__dict__["problem"] = problem
+    return stopped
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,8 +224,32 @@ def _task(task_id: str, tail: str = "") -> str:
     return f"/v1/tasks/{quote(task_id, safe='')}{tail}"
 
 
+def _document(value: Any, field: str, *, require_object: bool = False,
+              error: type[InvalidInput] = InvalidInput) -> Any:
+    """``value``, once it is a JSON document every store takes: checked as the store checks
+    it, against SPEC §1's limits (which a store may lower, never raise), so that one no
+    store takes is refused here naming its field, never changed by the encoding (a key
+    ``1`` sent as ``"1"``) nor failing inside it."""
+    check_json(value, field, limits=DEFAULT_LIMITS, require_object=require_object,
+               error=error)
+    return value
+
+
+def _refused_payload(items: Sequence[Mapping[str, Any]]) -> tuple[int, InvalidInput] | None:
+    """The first item of a batch whose payload no store takes, and why."""
+    for index, item in enumerate(items):
+        try:
+            _document(item.get("payload"), "payload", require_object=True,
+                      error=InvalidEnvelope)
+        except InvalidInput as exc:
+            return index, exc
+    return None
+
+
 def _outcome_body(outcome: Finished | Failed | Released) -> dict[str, Any]:
-    """An outcome as sent: of the claim, only its fence (the server keeps the rest)."""
+    """An outcome as sent: of the claim, only its fence (the server keeps the rest). One no
+    store could take is refused first, as ``Store.settle`` refuses it."""
+    check_settlement(outcome)
     fence = outcome.claim.fence
     if isinstance(outcome, Finished):
         return {"fence": fence, "result": outcome.result,
@@ -208,8 +266,16 @@ _VERBS = {Finished: "finish", Failed: "fail", Released: "release"}
 
 
 def _settlement(outcomes: Sequence[Finished | Failed | Released]) -> dict[str, Any]:
-    return {"outcomes": [{"task_id": outcome.claim.task_id, "outcome": _VERBS[type(outcome)],
-                          **_outcome_body(outcome)} for outcome in outcomes]}
+    return {"outcomes": [_indexed_outcome(index, outcome)
+                         for index, outcome in enumerate(outcomes)]}
+
+
+def _indexed_outcome(index: int, outcome: Finished | Failed | Released) -> dict[str, Any]:
+    try:
+        body = _outcome_body(outcome)
+    except InvalidInput as exc:  # named by its place, as the service names it
+        raise InvalidInput(f"outcomes[{index}].{exc.field}", exc.problem) from None
+    return {"task_id": outcome.claim.task_id, "outcome": _VERBS[type(outcome)], **body}
 
 
 def _item_error(task_id: str, problem: dict[str, Any]) -> PostroomError:
@@ -254,21 +320,38 @@ class _Api:
     def submit(self, message_id: str, payload: Mapping[str, Any], *, deadline: float,
                queue: str | None = None, max_attempts: int | None = None,
                correlation_id: str | None = None, not_before: float | None = None,
-               priority: int | None = None) -> Any:
-        """Submit a task; an ``Ack`` once it is durably stored (``duplicate`` on a resend)."""
+               priority: int | None = None, hops: int | None = None,
+               parent_task_id: str | None = None,
+               budget: Budget | Mapping[str, int] | None = None) -> Any:
+        """Submit a task; an ``Ack`` once it is durably stored (``duplicate`` on a resend).
+        The fields are ``Envelope``'s (the sender is the token's principal)."""
         return self._send(_Op("POST", "/v1/tasks", _given(
-            message_id=message_id, payload=dict(payload), deadline=deadline, queue=queue,
+            message_id=message_id, deadline=deadline, queue=queue, payload=_document(
+                dict(payload), "payload", require_object=True, error=InvalidEnvelope),
             max_attempts=max_attempts, correlation_id=correlation_id, not_before=not_before,
-            priority=priority), read=_ack))
+            priority=priority, hops=hops, parent_task_id=parent_task_id,
+            budget=budget.to_dict() if isinstance(budget, Budget) else budget), read=_ack))
 
     def submit_batch(self, envelopes: Sequence[Mapping[str, Any]], *,
                      atomic: bool = False) -> Any:
-        """Submit envelopes (dicts of ``submit``'s fields): one commit each, in order (on a
-        failure the error's ``problem`` has the committed prefix's ``acks`` and the
-        ``failed_index``), or ``atomic``: all in one transaction, or none."""
+        """Submit envelopes (dicts of ``submit``'s fields): one commit each, in order (a
+        failure raises ``BatchFailed``, as ``Store.receive_batch`` does: the committed
+        prefix's ``acks``, the failing ``index`` and, as its cause, the item's own error),
+        or ``atomic``: all in one transaction, or none."""
         path = "/v1/batches/atomic" if atomic else "/v1/batches"
-        return self._send(_Op("POST", path, {"envelopes": [dict(item) for item in envelopes]},
-                              read=_acks))
+        items = [dict(item) for item in envelopes]
+        refused = _refused_payload(items)
+        if refused is None:
+            return self._send(_Op("POST", path, {"envelopes": items}, read=_acks))
+        index, error = refused
+        if atomic or index == 0:  # nothing is stored: the item's error, named by its place
+            if atomic:
+                raise type(error)(f"envelopes[{index}].{error.field}", error.problem)
+            raise BatchFailed([], 0, error) from error
+
+        def stopped(answer: Any) -> Any:  # the prefix before the item is stored
+            raise BatchFailed(_acks(answer), index, error) from error
+        return self._send(_Op("POST", path, {"envelopes": items[:index]}, read=stopped))
 
     def task(self, task_id: str) -> Any:
         """One task (a dict of its stored fields)."""
@@ -354,10 +437,12 @@ class _Api:
     def open_wait(self, flow: str, step: str, expected_generation: int, deadline: float, *,
                   request_id: str | None = None, task_id: str | None = None,
                   responder: str | None = None) -> Any:
-        """Open the next generation of a wait (``result``: ``opened``, ``stale``, ...)."""
+        """Open the next generation of a wait (``result``: ``opened``, ``stale``, ...). The
+        call names its request (``request_id``, a new UUID if not given), so that a resend
+        after a lost answer replays ``opened`` instead of answering ``stale``."""
         return self._send(_Op("POST", "/v1/waits", _given(
             flow=flow, step=step, expected_generation=expected_generation, deadline=deadline,
-            request_id=request_id, task_id=task_id, responder=responder)))
+            request_id=request_id or uuid.uuid4().hex, task_id=task_id, responder=responder)))
 
     def waits(self, **filters: Any) -> Any:
         """A page of open waits (a human's: those addressed to it)."""
@@ -374,7 +459,7 @@ class _Api:
         """Answer a wait generation; the receipt (``result``: ``accepted``, ``replay``...)."""
         return self._send(_Op("POST", f"/v1/waits/{quote(flow, safe='')}/"
                                       f"{quote(step, safe='')}/{generation}/signal",
-                              {"event_id": event_id, "value": value}))
+                              {"event_id": event_id, "value": _document(value, "value")}))
 
     # approvals
     def answer_approval(self, event_id: str, flow: str, step: str, generation: int, *,
@@ -395,7 +480,8 @@ class _Api:
                        expires_at: float, requested_by: str, max_uses: int = 1) -> Any:
         """As a human, grant an approval (a dict of the stored approval)."""
         return self._send(_Op("POST", "/v1/approvals", {
-            "approval_id": approval_id, "action": action, "resource": resource, "data": data,
+            "approval_id": approval_id, "action": action, "resource": resource,
+            "data": _document(data, "data"),
             "expires_at": expires_at, "requested_by": requested_by, "max_uses": max_uses}))
 
     def approvals(self, *, granted_by: str | None = None, limit: int | None = None) -> Any:

@@ -114,6 +114,23 @@ def test_a_body_that_is_not_json_is_a_400_naming_the_body(service):
     assert answer.status_code == 400 and answer.json()["field"] == "body"
 
 
+def test_a_number_too_long_to_convert_is_a_400_naming_the_body(service):
+    with service.http("alice") as http:
+        answer = http.post("/v1/tasks", content=b'{"message_id": "m", "payload": {"n": '
+                           + b"9" * 5000 + b'}, "deadline": 1}',
+                           headers={"content-type": "application/json"})
+    assert answer.status_code == 400 and answer.json()["field"] == "body"
+
+
+def test_a_filter_the_listing_does_not_take_is_a_400_naming_it(service):
+    with service.http("alice") as http:
+        submit(http)
+        misspelt = http.get("/v1/tasks", params={"stat": "failed"})
+        health = http.get("/healthz", params={"probe": "1"})  # takes no filters: ignored
+    assert misspelt.status_code == 400 and misspelt.json()["field"] == "stat"
+    assert health.status_code == 200
+
+
 def test_tasks_are_listed_in_pages_by_cursor_with_filters(service):
     with service.http("alice") as http:
         for n in range(3):
@@ -393,6 +410,17 @@ def test_a_human_answers_the_wait_addressed_to_it_once(service):
     assert (answer["result"], again["result"]) == ("accepted", "replay")
 
 
+def test_an_operators_answer_to_a_wait_not_opened_yet_is_kept_as_an_early_signal(service):
+    path = "/v1/waits/refund-2/approve/1/signal"
+    with service.http("hana") as human:
+        hidden = human.post(path, json={"event_id": "e-0", "value": 1})
+    with service.http("olga") as operator:
+        early = operator.post(path, json={"event_id": "e-1", "value": 1}).json()
+        again = operator.post(path, json={"event_id": "e-1", "value": 1}).json()
+    assert hidden.status_code == 404
+    assert (early["result"], again["result"]) == ("unknown_wait", "replay")
+
+
 @pytest.mark.parametrize("generation", ["¹", "٣", "-1", "1.0", "12345678901"])
 @pytest.mark.parametrize("tail", ["signal", "approval"])
 def test_a_generation_that_is_not_ascii_digits_is_a_400_naming_it(service, generation, tail):
@@ -420,6 +448,22 @@ def test_operators_cancel_retry_pause_and_resume(service):
     assert resumed["resumed"] is True
 
 
+def test_cancelling_an_ended_root_answers_that_its_chain_not_it_was_cancelled(service):
+    import postroom
+
+    with service.http("alice") as http:
+        root = submit(http).json()["task_id"]
+    claim = service.store.claim("w-1")
+    assert claim is not None and claim.task_id == root
+    service.store.finish(claim, "ok", follow_ups=[postroom.FollowUp(message_id="c", payload={})])
+    with service.http("olga") as operator:
+        first = operator.post(f"/v1/tasks/{root}/cancel", json={}).json()
+        again = operator.post(f"/v1/tasks/{root}/cancel", json={}).json()
+    assert first == {"task_id": root, "cancelled": False, "state": "done",
+                     "chain_cancelled": True}
+    assert again == {"task_id": root, "cancelled": False}
+
+
 def test_a_dead_reply_is_requeued_by_an_operator_with_a_reason(service):
     with service.http("alice") as http:
         task_id = submit(http).json()["task_id"]
@@ -432,6 +476,17 @@ def test_a_dead_reply_is_requeued_by_an_operator_with_a_reason(service):
                                  json={"reason": "receiver fixed"})
     assert requeued.status_code == 200
     assert service.store.reply(task_id).state == "pending"
+
+
+def test_requeuing_a_reply_that_is_not_dead_is_409_with_the_stores_reason(service):
+    with service.http("alice") as http:
+        task_id = submit(http).json()["task_id"]
+    service.store.cancel(task_id)
+    reply_id = service.store.reply(task_id).reply_id
+    with service.http("olga") as operator:
+        again = operator.post(f"/v1/replies/{reply_id}/requeue", json={"reason": "why not"})
+    assert again.status_code == 409
+    assert "only a dead reply can be requeued; it is pending" in again.json()["detail"]
 
 
 def _permanent():

@@ -6,7 +6,8 @@ What may succeed is stated here, independently of the service (``ALLOWED``): age
 and read their own tasks and replies; workers work the claims they hold in the queues they
 are granted; humans read and answer the waits addressed to them, answer the approval
 requests addressed to them, grant approvals and read and revoke those they granted;
-operators do everything else but grant or answer approvals. The matrix counts and asserts:
+operators do everything else but grant or answer approvals (and may answer a wait not
+opened yet: an early signal, SPEC §5). The matrix counts and asserts:
 
 - unauthorized successes: a 2xx where the rule says no (must be 0);
 - existence leaks: a refused call on an existing record whose answer differs in any byte
@@ -118,6 +119,8 @@ def allowed(route: str, caller: str | None, target: Any) -> bool:
         return False
     if route == "whoami":
         return True
+    if route == "signal" and kind == "operator" and target == "missing":
+        return True  # an operator sees every wait: its answer to none yet is an early signal
     if target == "missing":
         return False
     if route in ("submit", "submit_batch", "submit_atomic"):

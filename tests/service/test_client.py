@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 import postroom
+from postroom import Budget
 from postroom.client import AsyncClient, Client, RemoteWorker
 from postroom.runtime import App, Context, PermanentFailure
 from tests.support import START
@@ -109,6 +110,94 @@ def test_a_rerun_whose_answer_is_lost_is_sent_again_and_makes_one_new_task(servi
     # the bulk request is a new decision about the same task: one more, not two
     assert [item["number"] for item in bulk["retries"]] == [2]
     assert len(service.store.retries(task_id)) == 2
+
+
+def test_a_remote_worker_commits_a_fan_out_as_large_as_a_local_worker_does(service):
+    app = App()
+
+    @app.handler("default")
+    def fan_out(payload: dict, ctx: Context) -> str:
+        for n in range(150):
+            ctx.spawn(f"child-{n}", {"n": n}, queue="elsewhere")
+        return "spread"
+
+    ack = service.client("alice").submit("f-1", {"n": 1}, deadline=DEADLINE)
+    assert RemoteWorker(service.client("wendy"), app, batch=1).run_once() == 1
+    assert service.store.task(ack.task_id).result == "spread"
+    assert sum(service.store.info()["tasks"].values()) == 151
+
+
+@pytest.mark.parametrize("payload", [{1: "a"}, {"t": enum.Enum("E", "A").A},
+                                     {"n": float("nan")}], ids=["int-key", "enum", "nan"])
+def test_a_payload_no_store_takes_is_refused_by_the_client_as_by_the_store(service, payload):
+    with pytest.raises(postroom.InvalidEnvelope) as remote:
+        service.client("alice").submit("j-1", payload, deadline=DEADLINE)
+    with pytest.raises(postroom.InvalidEnvelope) as local:
+        service.store.receive(postroom.AuthContext(principal="alice"), postroom.Envelope(
+            message_id="j-1", sender="alice", payload=payload, deadline=DEADLINE))
+    assert (remote.value.field, str(remote.value)) == (local.value.field, str(local.value))
+    assert service.store.list_tasks().items == []
+
+
+def test_a_signal_value_or_result_no_store_takes_is_refused_naming_it(service):
+    service.client("alice").submit("j-2", {"n": 1}, deadline=DEADLINE)
+    worker = service.client("wendy")
+    (claim,) = worker.claim()
+    with pytest.raises(postroom.InvalidInput) as value:
+        service.client("hana").signal("e-1", "flow", "ask", 1, {2: "b"})
+    with pytest.raises(postroom.InvalidInput) as result:
+        worker.settle_many([postroom.Finished(claim=claim, result={3: "c"})])
+    assert (value.value.field, result.value.field) == ("value", "outcomes[0].result")
+    assert service.store.task(claim.task_id).state == "running"
+
+
+def test_a_batch_stopped_by_an_item_raises_batch_failed_as_the_store_does(service):
+    def items(prefix: str) -> list[dict]:
+        return [{"message_id": f"{prefix}-{n}", "payload": {"n": n} if n != 1 else {
+            "deep": [[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]}, "deadline": DEADLINE}
+            for n in range(3)]
+
+    with pytest.raises(postroom.BatchFailed) as remote:
+        service.client("alice").submit_batch(items("h"))
+    with pytest.raises(postroom.BatchFailed) as local:
+        service.store.receive_batch(postroom.AuthContext(principal="alice"), [
+            postroom.Envelope(sender="alice", **item) for item in items("s")])
+    assert (remote.value.index, len(remote.value.acks)) == (local.value.index, 1)
+    cause, expected = remote.value.__cause__, local.value.__cause__
+    assert isinstance(cause, postroom.InvalidInput) and isinstance(expected, postroom.InvalidInput)
+    assert (cause.field, str(cause)) == (expected.field, str(expected))
+
+
+def test_names_holding_a_slash_reach_their_wait_and_queue(service):
+    worker, operator = service.client("wendy"), service.client("olga")
+    opened = worker.open_wait("orders/17", "ask/price", 0, START + 60, responder="hana")
+    found = service.client("hana").wait("orders/17", "ask/price", generation=1)
+    receipt = service.client("hana").signal("e-1", "orders/17", "ask/price", 1, "yes")
+    paused = operator.pause("eu/refunds", reason="deploy")
+    assert (opened["result"], found["flow"], found["step"]) == ("opened", "orders/17",
+                                                                "ask/price")
+    assert receipt["result"] == "accepted" and paused["paused"] is True
+    assert [item.queue for item in service.store.paused_queues()] == ["eu/refunds"]
+
+
+def test_a_submitted_root_lowers_its_chains_budgets_as_in_process(service):
+    agent = service.client("alice")
+    ack = agent.submit("b-1", {"n": 1}, deadline=DEADLINE, budget=Budget(tasks=2, cost=5))
+    child = agent.submit("b-2", {"n": 2}, deadline=DEADLINE, parent_task_id=ack.task_id,
+                         hops=1)
+    chain = service.store.chain(ack.task_id)
+    assert (chain.max_tasks, chain.max_cost) == (2, 5)
+    assert service.store.chain(child.task_id).root_task_id == ack.task_id
+    assert service.store.task(child.task_id).hops == 1
+
+
+def test_a_wait_opened_whose_answer_is_lost_is_sent_again_and_replays_opened(service):
+    worker = Client(service.url, service.tokens["wendy"], backoff=0,
+                    transport=LosesFirstAnswers(("/v1/waits",)))
+    with worker:
+        opening = worker.open_wait("flow", "ask", 0, START + 60)
+    assert (opening["result"], opening["generation"], opening["replay"]) == ("opened", 1, True)
+    assert service.store.wait("flow", "ask").generation == 1
 
 
 def test_a_remote_worker_runs_an_apps_handlers_with_no_database(service):

@@ -67,6 +67,7 @@ from postroom.principals import (
     may_read_wait,
     may_work,
 )
+from postroom.validation import MAX_BATCH as STORE_BATCH
 from postroom.validation import MAX_CHAIN_BUDGET, is_decimal
 
 __all__ = ["owner_of", "plain"]
@@ -85,11 +86,14 @@ REASON = text(4096)
 FENCE = integer(1, 2**62)
 LEASE = number(exclusiveMinimum=0, maximum=86_400)
 
+#: A chain root's budgets (``postroom.Budget``): each only lowers the store's setting.
+BUDGET = obj({"hops": integer(1, MAX_CHAIN_BUDGET), "tasks": integer(1, MAX_CHAIN_BUDGET),
+              "cost": integer(0, MAX_CHAIN_BUDGET)})
 ENVELOPE = obj({
     "message_id": text(128), "payload": OBJECT, "deadline": number(),
     "max_attempts": integer(1, 10), "hops": integer(0, 2**31 - 1), "queue": text(),
     "correlation_id": text(), "parent_task_id": TASK_ID, "not_before": nullable(number()),
-    "priority": integer(-10, 10),
+    "priority": integer(-10, 10), "budget": nullable(BUDGET),
 }, required=("message_id", "payload", "deadline"))
 BATCH = obj({"envelopes": array(ENVELOPE, max_items=MAX_BATCH, min_items=1)},
             required=("envelopes",))
@@ -135,12 +139,15 @@ RENEWALS_BODY = obj({"claims": array(obj({"task_id": TASK_ID, "fence": FENCE},
 RENEWED = obj({"renewed": array(obj({"task_id": {"type": "string"}}, required=("task_id",),
                                     closed=False), max_items=MAX_CLAIMS)},
               required=("renewed",))
+# A finish carries as much as ``Store.finish`` takes (``MAX_BATCH`` of each): a handler's
+# outcome commits alike through a local and a remote worker, within the body's size limit.
 FINISH_BODY = obj({"fence": FENCE, "result": ANY,
-                   "follow_ups": array(FOLLOW_UP, max_items=100),
+                   "follow_ups": array(FOLLOW_UP, max_items=STORE_BATCH),
                    "waits": array(obj({**OPEN_WAIT["properties"], "approval": nullable(ASK),
                                        "children": boolean()},
-                                      required=("flow", "step", "deadline")), max_items=16),
-                   "side_effects": array(SIDE_EFFECT, max_items=16),
+                                      required=("flow", "step", "deadline")),
+                                  max_items=STORE_BATCH),
+                   "side_effects": array(SIDE_EFFECT, max_items=STORE_BATCH),
                    "charge": integer(0, MAX_CHAIN_BUDGET)}, required=("fence",))
 FAIL_BODY = obj({"fence": FENCE, "reason": REASON, "retryable": boolean()},
                 required=("fence", "reason"))
@@ -290,7 +297,7 @@ def _claim_json(claim: Claim) -> dict[str, Any]:
 def _envelope(call: Call, body: Mapping[str, Any]) -> Envelope:
     fields = {name: body[name] for name in (
         "max_attempts", "hops", "queue", "correlation_id", "parent_task_id", "not_before",
-        "priority") if name in body}
+        "priority", "budget") if name in body}
     return Envelope(message_id=body["message_id"], sender=call.principal.name,
                     payload=body["payload"], deadline=body["deadline"], **fields)
 
@@ -647,16 +654,24 @@ def signal(call: Call) -> Answer:
 
     The result is ``accepted``, ``too_late``, ``closed``, ``stale_generation``, ``replay``
     (the same ``event_id`` and value again) or ``conflict`` (the same ``event_id``, another
-    value).
+    value). An operator, who sees every wait, may answer one not opened yet: it is stored as
+    an early signal (``unknown_wait``, SPEC §5); to anyone else such a wait is 404.
     """
     assert call.caller is not None
     generation = _generation(call.params["generation"])
-    wait = _visible_wait(call, generation)
-    if not may_answer(call.principal, wait):  # an operator, for a wait addressed to another
-        raise Problem(403, "forbidden", "Forbidden",
-                      "this wait adopts only the answer of the principal it is addressed to")
-    receipt = call.store.signal(call.caller.auth, call.body["event_id"], wait.flow, wait.step,
-                                wait.generation, call.body.get("value"))
+    flow, step = call.params["flow"], call.params["step"]
+    try:
+        wait = _visible_wait(call, generation)
+    except Problem as problem:
+        if problem is not NOT_FOUND or call.principal.role is not Role.OPERATOR:
+            raise
+    else:
+        if not may_answer(call.principal, wait):  # an operator, for a wait addressed to another
+            raise Problem(403, "forbidden", "Forbidden",
+                          "this wait adopts only the answer of the principal it is addressed to")
+        flow, step, generation = wait.flow, wait.step, wait.generation
+    receipt = call.store.signal(call.caller.auth, call.body["event_id"], flow, step, generation,
+                                call.body.get("value"))
     return Answer(body=plain(receipt))
 
 
@@ -732,10 +747,17 @@ def approval_requests(call: Call) -> Answer:
 
 
 def cancel(call: Call) -> Answer:
-    """Cancel a pending or running task (``cancelled: false`` if it had ended)."""
+    """Cancel a pending or running task and, for a chain's root, every live task of its
+    chain (``cancelled``: whether this call cancelled the task itself; an ended root whose
+    chain it cancelled answers its ``state`` and ``chain_cancelled: true``)."""
     task_id = _visible_task(call, call.params["task_id"]).task_id
-    cancelled = call.store.cancel(task_id, reason=call.body.get("reason", "cancelled"))
-    return Answer(body={"task_id": task_id, "cancelled": cancelled})
+    acted = call.store.cancel(task_id, reason=call.body.get("reason", "cancelled"))
+    state = call.store.task(task_id).state
+    body: dict[str, Any] = {"task_id": task_id,
+                            "cancelled": acted and state is TaskState.CANCELLED}
+    if acted and state is not TaskState.CANCELLED:
+        body.update(state=state.value, chain_cancelled=True)
+    return Answer(body=body)
 
 
 def status(call: Call) -> Answer:

@@ -85,6 +85,10 @@ def problem_for(exc: PostroomError) -> Problem:
     if isinstance(exc, Unauthorized):
         return Problem(403, "forbidden", "Forbidden", str(exc))
     if isinstance(exc, Fenced):
+        if exc.identity.startswith("reply "):  # an operator's requeue: the store's reason
+            return Problem(409, "lease-lost", "Not current", str(exc))
+        # A task's claim: the same words whatever the reason, so that a worker learns
+        # nothing of who holds the task now.
         return Problem(409, "lease-lost", "Lease lost",
                        "the claim is no longer current: another worker holds the task, or "
                        "its lease or deadline ran out; nothing was written")

@@ -15,7 +15,8 @@ A request to a ``Route`` goes, in order:
    its transactions confirms the token first, and an answer no transaction confirmed (a
    refusal before the store, a call that needs none) is confirmed by one read;
 4. the query parameters and the JSON body are parsed and checked against the route's
-   declared schemas (400 naming the field);
+   declared schemas (400 naming the field; where a route takes query parameters, one it
+   does not declare is refused too, so that a misspelt filter never widens a listing);
 5. the handler runs in a worker thread (the store is synchronous) and its ``Answer`` is
    sent as JSON; a ``Problem`` it raises, or a postroom error (``problem_for``), is sent as
    problem+json.
@@ -32,10 +33,11 @@ import logging
 import math
 import re
 import uuid
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote, unquote
 
 from starlette.datastructures import QueryParams
 from starlette.responses import Response
@@ -51,6 +53,7 @@ from postroom import (
     Unconfirmed,
 )
 from postroom.http import schemas
+from postroom.http.asgi import Message, Scope, send_body
 from postroom.http.auth import UNAUTHENTICATED, Caller, Principals, bearer
 from postroom.http.problems import CONTENT_TYPE, Problem, problem_for
 from postroom.validation import is_decimal
@@ -60,8 +63,6 @@ __all__ = ["Answer", "Call", "Dispatch", "Guard", "Limits", "Observer", "Route",
 
 _log = logging.getLogger("postroom.http")
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
 ASGIApp = Callable[..., Any]
 
 
@@ -226,17 +227,7 @@ def _header(scope: Scope, name: bytes) -> str | None:
 
 
 async def _send_problem(send: Callable[[Message], Any], problem: Problem) -> None:
-    await _send_body(send, problem.status, problem.body(), CONTENT_TYPE, problem.headers)
-
-
-async def _send_body(send: Callable[[Message], Any], status: int, body: bytes,
-                     content_type: str, extra: Mapping[str, str]) -> None:
-    headers = [(b"content-type", content_type.encode("latin-1")),
-               (b"content-length", str(len(body)).encode("ascii"))]
-    headers += [(key.encode("latin-1"), value.encode("latin-1"))
-                for key, value in extra.items()]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    await send_body(send, problem.status, problem.body(), CONTENT_TYPE, problem.headers)
 
 
 # -- serving the routes ---------------------------------------------------------------------
@@ -321,7 +312,7 @@ class Dispatch:
         if self.observe is not None:
             self.observe(route, answer)
         payload = json.dumps(answer.body, ensure_ascii=False, allow_nan=False).encode("utf-8")
-        await _send_body(send, answer.status, payload, "application/json", answer.headers)
+        await send_body(send, answer.status, payload, "application/json", answer.headers)
 
     def _match(self, scope: Scope) -> tuple[dict[str, Route], dict[str, str]] | None:
         path: str = scope["path"]
@@ -332,10 +323,15 @@ class Dispatch:
         if fixed is not None:
             return fixed, {}
         if path.startswith(self._heads):
+            # Parameters are matched in the path as sent, then decoded one by one: a name
+            # holding a "/" (a flow "a/b", sent as "a%2Fb") is one parameter, not two
+            # segments.
+            target = _raw_path(scope, root) or path
             for pattern, methods in self._patterned:
-                matched = pattern.match(path)
+                matched = pattern.match(target)
                 if matched is not None:
-                    return methods, matched.groupdict()
+                    return methods, {name: unquote(value)
+                                     for name, value in matched.groupdict().items()}
         return None
 
     async def _serve(self, route: Route, params: dict[str, str], scope: Scope,
@@ -347,6 +343,17 @@ class Dispatch:
         # too. A request that times out stops waiting for it; the call itself runs to its end.
         return await asyncio.get_running_loop().run_in_executor(
             self.served.threads, _call, route, self.served, request, header, raw)
+
+
+def _raw_path(scope: Scope, root: str) -> str | None:
+    """The request's path as sent (percent-encoded), less the ``root`` it is mounted under;
+    ``None`` if the server gives none."""
+    raw = scope.get("raw_path")
+    if not raw:
+        return None
+    path = bytes(raw).decode("latin-1")
+    prefix = quote(root) if root else ""
+    return path[len(prefix):] if prefix and path.startswith(prefix) else path
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,6 +414,10 @@ def _handle(route: Route, served: Served, request: _Request, caller: Caller | No
             and caller.principal.role not in route.roles:
         raise Problem(403, "forbidden", "Forbidden",
                       f"the {caller.principal.role.value} role may not call {route.name}")
+    for name in request.query_params if route.query else ():
+        if name not in route.query:  # a misspelt filter must not widen what is listed
+            raise InvalidInput(name, f"is not a query parameter of {route.name} (it takes "
+                                     f"{', '.join(sorted(route.query))})")
     query = {name: _query_value(name, request.query_params.get(name), schema)
              for name, schema in route.query.items()
              if request.query_params.get(name) is not None}
@@ -438,6 +449,8 @@ def _json(raw: bytes) -> Any:
         raise InvalidInput("body", "is nested too deeply") from None
     except json.JSONDecodeError as exc:
         raise InvalidInput("body", f"is not JSON: {exc.msg} at {exc.pos}") from None
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise InvalidInput("body", f"holds a number postroom does not accept: {exc}") from None
 
 
 def _query_value(name: str, text: str | None, schema: schemas.Schema) -> Any:
