@@ -317,8 +317,9 @@ def worker(url: str, *, imports: tuple[str, ...], queues: tuple[str, ...],
     _log_to_stderr(log_level)
     overall, per_queue = _by_queue(concurrencies, "--concurrency", int)
     _, per_queue_timeouts = _by_queue(timeouts, "--timeout", float, plain=False)
+    concurrency = 16 if overall is None else int(overall)  # 0 is refused, never the default
     if url.startswith(("http://", "https://")):
-        _remote_worker(url, App.load(*imports), queues=queues, concurrency=int(overall or 16),
+        _remote_worker(url, App.load(*imports), queues=queues, concurrency=concurrency,
                        per_queue=per_queue, timeouts=per_queue_timeouts, lease=lease,
                        poll=poll, grace=grace)
         return
@@ -326,7 +327,7 @@ def worker(url: str, *, imports: tuple[str, ...], queues: tuple[str, ...],
     from postroom.runtime.worker import Worker, WorkerSettings
     from postroom.store import open_store
 
-    settings = WorkerSettings(queues=queues or None, concurrency=int(overall or 16),
+    settings = WorkerSettings(queues=queues or None, concurrency=concurrency,
                               prefetch=prefetch, lease=lease, grace=grace, poll=poll,
                               duties=not no_duties, owner=owner, queue_concurrency=per_queue,
                               timeouts=per_queue_timeouts)
@@ -478,7 +479,7 @@ def endpoint_add(  # noqa: PLR0917 - click passes every option as an argument
     """Deliver PRINCIPAL's replies to URL, signed with a new secret printed once."""
     from postroom.store import open_store
 
-    with open_store(store_url) as store:
+    with open_store(store_url, create=False) as store:
         added = store.add_endpoint(principal, url, allow_private=allow_private,
                                    schedule=_schedule(schedule), budget=budget,
                                    concurrency=concurrency)
@@ -495,7 +496,7 @@ def endpoint_list(store_url: str, as_json: bool) -> None:
     from postroom.db import redacted_url
     from postroom.store import open_store
 
-    with open_store(store_url) as store:
+    with open_store(store_url, create=False) as store:
         found = store.endpoints()
         waiting = store.awaiting_endpoints()
     now = time.time()
@@ -530,7 +531,7 @@ def endpoint_rotate(principal: str, store_url: str, expire_old_after: float | No
     """
     from postroom.store import open_store
 
-    with open_store(store_url) as store:
+    with open_store(store_url, create=False) as store:
         rotated = store.rotate_endpoint_secret(principal, expire_old_after=expire_old_after)
     _show_secret(rotated, "rotated")
 
@@ -543,7 +544,7 @@ def endpoint_disable(principal: str, store_url: str, reason: str) -> None:
     """Stop delivering to PRINCIPAL's endpoint; its replies wait, their budgets kept."""
     from postroom.store import open_store
 
-    with open_store(store_url) as store:
+    with open_store(store_url, create=False) as store:
         done = store.disable_endpoint(principal, reason=reason)
     click.echo(json.dumps({"principal": done.principal, "enabled": done.enabled,
                            "disabled_reason": done.disabled_reason}))
@@ -556,7 +557,7 @@ def endpoint_enable(principal: str, store_url: str) -> None:
     """Deliver to PRINCIPAL's endpoint again (after a 410, say); what waited goes out now."""
     from postroom.store import open_store
 
-    with open_store(store_url) as store:
+    with open_store(store_url, create=False) as store:
         done = store.enable_endpoint(principal)
     click.echo(json.dumps({"principal": done.principal, "enabled": done.enabled}))
 
@@ -569,7 +570,7 @@ def endpoint_remove(principal: str, store_url: str) -> None:
     from postroom.errors import NotFound
     from postroom.store import open_store
 
-    with open_store(store_url) as store:
+    with open_store(store_url, create=False) as store:
         if not store.remove_endpoint(principal):
             raise NotFound(f"no endpoint for {principal!r}")
     click.echo(json.dumps({"principal": principal, "removed": True}))
@@ -624,7 +625,7 @@ def schedule_add(  # noqa: PLR0917 - click passes every option as an argument
         document = json.loads(payload)
     except ValueError as exc:
         raise click.BadParameter(f"not JSON: {exc}", param_hint="'--payload'") from None
-    with open_store(store_url) as store:
+    with open_store(store_url, create=False) as store:
         added = store.add_schedule(name, cron, operator=operator, queue=queue, payload=document,
                                    priority=priority, max_attempts=max_attempts, ttl=ttl,
                                    missed=missed, zone=zone, replace=replace)
@@ -790,7 +791,7 @@ def principal_add(name: str, store_url: str, role: str, queues: tuple[str, ...])
     """Add the principal NAME with a role, and print its first token once."""
     from postroom.store import open_store
 
-    with open_store(store_url) as store:
+    with open_store(store_url, create=False) as store:
         issued = store.add_principal(name, role, queues=queues)
     _show_token(issued, "added")
 
@@ -802,7 +803,7 @@ def principal_list(store_url: str, as_json: bool) -> None:
     """Show every principal, its role and granted queues (never a token)."""
     from postroom.store import open_store
 
-    with open_store(store_url) as store:
+    with open_store(store_url, create=False) as store:
         found = store.list_principals()
     if as_json:
         click.echo(json.dumps({"principals": [item.to_dict() for item in found]}, indent=2))
@@ -822,7 +823,7 @@ def principal_revoke(name: str, store_url: str) -> None:
     """Revoke NAME: its tokens stop working at once; the name is never reused."""
     from postroom.store import open_store
 
-    with open_store(store_url) as store:
+    with open_store(store_url, create=False) as store:
         revoked = store.revoke_principal(name)
     click.echo(json.dumps({"principal": name, "revoked": True, "already": not revoked}))
 
@@ -836,7 +837,7 @@ def principal_rotate(name: str, store_url: str, overlap: float) -> None:
     """Make a new token for NAME, printed once; the old one stops after --overlap."""
     from postroom.store import open_store
 
-    with open_store(store_url) as store:
+    with open_store(store_url, create=False) as store:
         issued = store.rotate_token(name, overlap=overlap)
     _show_token(issued, "rotated")
 

@@ -359,11 +359,19 @@ def _attempts(title: str, attempts: Sequence[Any]) -> None:
 @_OPERATOR
 def cancel(url: str, task_id: str, reason: str, operator: str) -> None:
     """Cancel a pending or running task (a running one's claim is fenced: its owner's
-    outcome is refused). Exits 1 if the task has already ended."""
+    outcome is refused) and, for a chain's root, every live task of its chain, even once
+    the root itself has ended. Prints whether the task itself was cancelled, and its state
+    when it was not (its chain's tasks were). Exits 1 if nothing was left to cancel."""
     with _open(url) as store:
-        if not store.cancel(task_id, reason=f"cancelled by {operator}: {reason}"):
-            _refused(f"task {task_id} is {store.task(task_id).state.value}: it has ended")
-    click.echo(json.dumps({"task_id": task_id, "cancelled": True, "operator": operator}))
+        acted = store.cancel(task_id, reason=f"cancelled by {operator}: {reason}")
+        state = store.task(task_id).state
+    if not acted:
+        _refused(f"task {task_id} is {state.value}: it has ended")
+    cancelled = state is models.TaskState.CANCELLED
+    shown: dict[str, object] = {"task_id": task_id, "cancelled": cancelled}
+    if not cancelled:  # an ended root: its chain's live tasks were
+        shown.update(state=state.value, chain_cancelled=True)
+    click.echo(json.dumps({**shown, "operator": operator}))
 
 
 @click.command()

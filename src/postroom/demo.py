@@ -308,8 +308,10 @@ def _story(echo: Callable[[str], None], check: Checks, root: Path) -> None:
         again = store.reply(task_id)
         assert again is not None
         last_delivery = deliveries()[-1]
-        echo(f"8. deliver #2   {_RETRY:g} s later it delivers again, reusing reply_id "
-             f"{again.reply_id == reply.reply_id}; the receiver answers\n                "
+        reused = ("the same reply_id" if again.reply_id == reply.reply_id
+                  else f"another reply_id, {again.reply_id}")
+        echo(f"8. deliver #2   {_RETRY:g} s later it delivers again, with {reused}; the "
+             f"receiver answers\n                "
              f"{requester.answers[-1]}\n                {delivery_row(last_delivery)}"
              f"\n                reply {reply_row(task_id)}")
         check(again.attempts == 2 and again.reply_id == reply.reply_id

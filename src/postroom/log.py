@@ -15,8 +15,9 @@ Levels (loggers ``postroom.inbox``, ``.tasks``, ``.outbox``, ``.postgres``, ``.s
 - INFO: what an operator follows without it being wrong (a lease recovered, a deadline
   passed, a failure that is not retryable, a dead reply requeued, a lost COMMIT resolved, a
   listener reconnected, the connection pool's reconnect messages);
-- WARNING: what needs a look (a task's attempts exhausted, a reply dead, a COMMIT whose
-  outcome is unknown, a listener that cannot connect).
+- WARNING: what needs a look (a handler that raised, with its traceback; a task's attempts
+  exhausted, a reply dead, a COMMIT whose outcome is unknown, a listener that cannot
+  connect).
 
 Transitions are logged after their transaction commits (``Tx.log``), so a record never
 tells of something that rolled back. Like any library, postroom adds a ``NullHandler`` to
@@ -29,7 +30,7 @@ import logging
 import threading
 from collections.abc import Mapping
 
-__all__ = ["FIELDS", "event", "get", "logger", "route"]
+__all__ = ["FIELDS", "event", "get", "logger", "raised", "route"]
 
 #: The structured fields a postroom record may carry.
 FIELDS = ("task_id", "reply_id", "owner", "fence", "attempt", "state", "last_error")
@@ -66,15 +67,26 @@ def event(log: logging.Logger, level: int, message: str, **fields: object) -> No
     Pass identities and states only (see the module docstring), never what the work carries.
     Fields that are ``None`` are left out.
     """
+    _emit(log, level, message, fields, None)
+
+
+def raised(log: logging.Logger, message: str, error: BaseException, **fields: object) -> None:
+    """``event`` at WARNING for an error whose place in the code matters (a handler's):
+    with ``error``'s traceback."""
+    _emit(log, logging.WARNING, message, fields, error)
+
+
+def _emit(log: logging.Logger, level: int, message: str, fields: Mapping[str, object],
+          error: BaseException | None) -> None:
     if log.isEnabledFor(level):
         present = {name: value for name, value in fields.items() if value is not None}
         # The message is the record's template, so that tools grouping records by it
         # (Sentry, say) see one group per event, not one per task.
         template = message.replace("%", "%%")
         if present:
-            log.log(level, template + " %s", _Fields(present), extra=present)
+            log.log(level, template + " %s", _Fields(present), extra=present, exc_info=error)
         else:
-            log.log(level, template)
+            log.log(level, template, exc_info=error)
 
 
 class _Route(logging.Handler):

@@ -42,7 +42,7 @@ from postroom.db.dialect import Row
 from postroom.errors import Conflict, InvalidInput, NotFound, Unauthorized
 from postroom.models import Approval, Task, Wait
 from postroom.settings import Settings
-from postroom.validation import MAX_DELAY, check_number, check_text
+from postroom.validation import FOLLOW_UP_NAMESPACES, MAX_DELAY, check_number, check_text
 
 __all__ = [
     "ADD",
@@ -144,6 +144,12 @@ def check_new(settings: Settings, name: object, role: object,
     needs at least one)."""
     limit = settings.limits.text_bytes
     checked = check_text(name, "name", max_bytes=limit)
+    if checked.startswith(FOLLOW_UP_NAMESPACES):
+        # Such a name is the sender of the tasks postroom makes itself (a schedule's, a
+        # follow-up's): its holder would see them as its own.
+        raise InvalidInput("name", f"{checked!r} is reserved: names beginning with "
+                                   f"{' or '.join(map(repr, FOLLOW_UP_NAMESPACES))} identify "
+                                   f"the tasks postroom makes itself")
     if role not in {member.value for member in Role}:
         raise InvalidInput("role", f"must be one of {', '.join(Role)}, got {role!r}")
     chosen = Role(str(role))

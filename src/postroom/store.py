@@ -11,6 +11,7 @@ import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from postroom import (
@@ -1402,6 +1403,9 @@ def _existing(url: str) -> Database:
     there is none or its schema is another version than this postroom's."""
     from postroom.db import dialect_for_url, redacted_url
 
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        raise SchemaError(f"no postroom store at {url}: there is no such file "
+                          "(postroom init creates one)")
     database = Database(dialect_for_url(url, read_only=True), track_time=False)
     try:
         if database.schema_version("store") == 0:

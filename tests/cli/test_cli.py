@@ -29,7 +29,7 @@ def test_demo_tells_the_whole_story_and_succeeds():
                      "state=running owner=worker-2 fence=2 attempts=2", "rejected",
                      'state=done result={"fence": 2', "drops the connection without answering",
                      "records delivery 1: transient", "delivery 2: delivered",
-                     "reusing reply_id True",
+                     "delivers again, with the same reply_id",
                      '"duplicate": true', "reply state=sent attempts=2",
                      "exit codes 143 and 143", "2 deliveries reached the receiver",
                      "receiver effects 1", "audit       clean", "every step held"):
@@ -180,8 +180,8 @@ def test_a_store_that_cannot_be_opened_is_one_line_and_exit_code_2(tmp_path):
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [
-        f"Error: StoreError: sqlite {tmp_path / 'missing' / 'store.db'}: "
-        "unable to open database file"]
+        f"Error: SchemaError: no postroom store at sqlite:///{tmp_path / 'missing' / 'store.db'}"
+        ": there is no such file (postroom init creates one)"]
 
 
 def test_demo_waits_tells_the_durable_flow_and_succeeds():
@@ -189,7 +189,7 @@ def test_demo_waits_tells_the_durable_flow_and_succeeds():
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     for evidence in ("open_wait -> opened 1", "generation 1: waiting", "times out 1 wait",
-                     "hops 1, parent refund-17: True", "open_wait -> opened 2",
+                     "hops 1, its parent refund-17", "open_wait -> opened 2",
                      "human_approved: true tries the refund: NotApproved",
                      "she said yes\" to the approval request: Unauthorized",
                      "generation 2: accepted", "granted by alice", "replay of accepted",

@@ -23,6 +23,13 @@ from tests.http.servers import Switch, serve
 from tests.support import database_of, envelope
 
 
+@pytest.fixture
+def db_url(make_url) -> str:
+    """A store's URL, the store made (as ``postroom init`` makes it): the commands under test
+    refuse a URL without one rather than create it."""
+    return make_url.store()
+
+
 def run(*args: str) -> children.subprocess.CompletedProcess[str]:
     return children.run(python("-m", "postroom", *args), timeout=120)
 

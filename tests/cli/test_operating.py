@@ -276,6 +276,22 @@ def test_cancel_of_an_ended_task_is_refused_with_exit_1(db_url, live, auth):
     assert live.task(task_id).state is TaskState.FAILED
 
 
+def test_cancel_of_an_ended_root_cancels_its_chain_and_says_the_root_was_not(db_url, live,
+                                                                              auth):
+    root = live.receive(auth, far("root")).task_id
+    claim = live.claim("w-1")
+    assert claim is not None and claim.task_id == root
+    live.finish(claim, "ok", follow_ups=[postroom.FollowUp(message_id="child", payload={})])
+    (child,) = [task.task_id for task in live.list_tasks().items if task.task_id != root]
+    done = shown(cli("cancel", db_url, root, "--reason", "stop", "--operator", "ana"))
+    assert done == {"task_id": root, "cancelled": False, "state": "done",
+                    "chain_cancelled": True, "operator": "ana"}
+    assert (live.task(root).state, live.task(child).state) == (TaskState.DONE,
+                                                              TaskState.CANCELLED)
+    again = cli("cancel", db_url, root, "--reason", "stop")
+    assert again.exit_code == 1 and "is done: it has ended" in again.stderr
+
+
 def test_cancel_without_a_reason_cannot_run(db_url, live, auth):
     task_id = live.receive(auth, far("m-1")).task_id
     assert cli("cancel", db_url, task_id).exit_code == 2

@@ -8,10 +8,18 @@ import socket
 import time
 
 import httpx
+import pytest
 
 import postroom
 from tests.harness import children
 from tests.harness.children import Process, python
+
+
+@pytest.fixture
+def db_url(make_url) -> str:
+    """A store's URL, the store made (as ``postroom init`` makes it): the commands under test
+    refuse a URL without one rather than create it."""
+    return make_url.store()
 
 
 def run(*args: str):
@@ -32,6 +40,18 @@ def test_principal_add_prints_its_token_once_and_list_never_shows_it(db_url):
     assert shown["token"] not in listed.stdout
     with postroom.open_store(db_url) as store:
         assert store.authenticate(shown["token"]).name == "remote-1"
+
+
+@pytest.mark.parametrize("args", [
+    ["principal", "add", "ana", "--role", "agent"], ["principal", "list"],
+    ["principal", "revoke", "ana"], ["endpoint", "add", "ana", "https://x.example.com/in"],
+    ["endpoint", "list"]])
+def test_a_url_without_a_store_is_refused_saying_so_and_nothing_is_created(tmp_path, args):
+    path = tmp_path / "typo.db"
+    result = run(*args, "--store", f"sqlite:///{path}")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "no postroom store" in result.stderr and "postroom init" in result.stderr
+    assert not path.exists()
 
 
 def test_principal_rotate_and_revoke_end_the_old_tokens(db_url):

@@ -11,6 +11,13 @@ from tests.harness import children
 from tests.harness.children import python
 
 
+@pytest.fixture
+def db_url(make_url) -> str:
+    """A store's URL, the store made (as ``postroom init`` makes it): the commands under test
+    refuse a URL without one rather than create it."""
+    return make_url.store()
+
+
 def run(*args: str) -> children.subprocess.CompletedProcess[str]:
     return children.run(python("-m", "postroom", "schedule", *args), timeout=120)
 
@@ -59,7 +66,7 @@ def test_removing_a_schedule_that_is_not_there_exits_2(db_url):
 
 
 @pytest.mark.parametrize("args", [["list"], ["list", "--json"], ["pause", "r"], ["resume", "r"],
-                                  ["remove", "r"]])
+                                  ["remove", "r"], ["add", "r", "--cron", "0 * * * *"]])
 def test_a_url_without_a_store_is_refused_and_nothing_is_created(tmp_path, args):
     path = tmp_path / "typo.db"
     command, *rest = args

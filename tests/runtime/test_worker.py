@@ -69,6 +69,22 @@ def test_an_exception_is_a_retryable_failure_and_the_task_runs_again(quick_store
     assert [a.error for a in story.attempts][:2] == ["RuntimeError: not yet"] * 2
 
 
+def test_a_handlers_exception_is_logged_with_its_traceback_and_the_task(store, caplog):
+    app = App()
+
+    @app.handler("default")
+    def divide(payload: dict[str, object], ctx: Context) -> float:
+        return 1 / 0
+
+    task_id = send(store, "m-1", max_attempts=1)
+    with caplog.at_level("WARNING", logger="postroom"), running(store, app) as worker:
+        eventually(lambda: worker.stats.failed == 1)
+    (record,) = [record for record in caplog.records if record.msg.startswith("handler raised")]
+    assert record.levelname == "WARNING" and record.task_id == task_id and record.attempt == 1
+    assert record.exc_info is not None and record.exc_info[0] is ZeroDivisionError
+    assert "in divide" in caplog.text  # the frame the error was raised in
+
+
 def test_attempts_exhausted_fail_the_task_with_its_last_error(quick_store):
     app = App()
     app.add_handler("default", lambda payload, ctx: 1 / 0)

@@ -144,6 +144,7 @@ def test_a_killed_workers_task_is_recovered_by_another_workers_rescuer(db_url, j
     (["--import", "jobs", "--timeout", "10"], "'10' is not QUEUE=SECONDS"),
     (["--import", "jobs", "--timeout", "nobody=1"], "not a queue this worker claims: 'nobody'"),
     (["--import", "jobs", "--concurrency", "slow=0"], "queue_concurrency['slow']"),
+    (["--import", "jobs", "--concurrency", "0"], "concurrency: must be"),
 ])
 def test_a_worker_that_cannot_run_says_why_in_one_line_and_exits_2(db_url, jobs, args,
                                                                    problem):

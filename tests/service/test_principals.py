@@ -39,6 +39,14 @@ def test_an_unknown_role_is_refused_naming_the_field(store):
     assert refused.value.field == "role"
 
 
+@pytest.mark.parametrize("name", ["schedule:nightly", "task:x", "wait:y", "retry:z"])
+def test_a_name_of_the_tasks_postroom_makes_itself_is_never_a_principal(store, name):
+    with pytest.raises(postroom.InvalidInput) as refused:
+        store.add_principal(name, "agent")
+    assert refused.value.field == "name" and "reserved" in str(refused.value)
+    assert store.list_principals() == []
+
+
 @pytest.mark.parametrize("change", ["secret", "token_id", "garbage", "empty"])
 def test_a_wrong_token_is_refused_with_one_message(store, change):
     issued = store.add_principal("alice", "agent")

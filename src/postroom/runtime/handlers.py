@@ -34,6 +34,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from postroom import log
 from postroom.errors import Fenced, InvalidInput
 from postroom.models import (
     ApprovalRequest,
@@ -51,6 +52,8 @@ from postroom.validation import DEFAULT_LIMITS, check_int, check_text
 __all__ = ["App", "Context", "EventLoopThread", "Handler", "HandlerSpec", "PermanentFailure",
            "Resumer", "check_by_queue", "execution_timeouts", "failure_reason",
            "handled_queues", "outcome_of", "refused_finish", "timed_out"]
+
+_log = log.get("handlers")
 
 #: How much of a failure's text is kept as the task's error (the store takes up to 4 KiB).
 _REASON_CHARS = 1000
@@ -437,7 +440,12 @@ def outcome_of(claim: Claim, ctx: Context, run: Callable[[], Any]) -> Finished |
     except Fenced:
         return None
     except Exception as exc:
-        return Failed(claim=claim, reason=failure_reason(_described(exc)), retryable=True)
+        reason = failure_reason(_described(exc))
+        # The one place a handler's error is seen whole: its traceback, for whoever reads
+        # the logs (the task keeps only ``last_error``).
+        log.raised(_log, "handler raised", exc, task_id=claim.task_id, attempt=claim.attempt,
+                   last_error=reason)
+        return Failed(claim=claim, reason=reason, retryable=True)
     return Finished(claim=claim, result=result, follow_ups=ctx.follow_ups, waits=ctx.waits,
                     charge=ctx.charged, side_effects=ctx.side_effects)
 
