@@ -236,8 +236,11 @@ def _document(value: Any, field: str, *, require_object: bool = False,
 
 
 def _refused_payload(items: Sequence[Mapping[str, Any]]) -> tuple[int, InvalidInput] | None:
-    """The first item of a batch whose payload no store takes, and why."""
+    """The first item of a batch whose payload no store takes, and why (an item without
+    one is left to the service, which names the missing field)."""
     for index, item in enumerate(items):
+        if "payload" not in item:
+            continue
         try:
             _document(item.get("payload"), "payload", require_object=True,
                       error=InvalidEnvelope)
