@@ -19,6 +19,7 @@ postroom; protect it as you protect the secrets.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import re
@@ -126,6 +127,32 @@ def check_url(url: object) -> str:
     return text
 
 
+def address_refusal(address: str) -> str | None:
+    """Why the sender does not connect to ``address`` (an IP address) without
+    ``allow_private``, or ``None``. The webhook transport asks it of every address it
+    connects to; ``check_request`` of a URL naming an address, when it is added.
+
+    An IPv4 address inside an IPv6 one (mapped, 6to4, NAT64, Teredo) is judged as itself.
+    """
+    ip = ipaddress.ip_address(address.split("%", 1)[0])  # drop an IPv6 zone id
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
+        if embedded is None and ip in _NAT64:
+            embedded = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+        if embedded is not None:
+            inner = address_refusal(str(embedded))
+            return None if inner is None else f"{inner} (inside {ip})"
+    for reason, refused in (("loopback", ip.is_loopback), ("unspecified", ip.is_unspecified),
+                            ("link-local", ip.is_link_local), ("multicast", ip.is_multicast),
+                            ("reserved", ip.is_reserved), ("private", ip.is_private)):
+        if refused:
+            return reason
+    return None if ip.is_global else "not globally routable"
+
+
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+
+
 def check_schedule(schedule: object) -> Schedule:
     """A retry schedule: a ``Schedule``, a preset's name (``SCHEDULES``), or a sequence of
     delays in seconds (each finite, ``0..MAX_DELAY``, at most 32 of them)."""
@@ -161,14 +188,30 @@ def check_request(settings: Settings, *, principal: str, url: str, allow_private
                   schedule: object, budget: int | None, concurrency: int) -> EndpointRequest:
     """Check an endpoint to add; ``budget=None`` is the store's ``delivery_budget``."""
     check_text(principal, "principal", max_bytes=settings.limits.text_bytes)
+    checked, private = check_url(url), check_bool(allow_private, "allow_private")
+    if not private:
+        _refuse_private_address(checked)
     return EndpointRequest(
-        principal=principal, url=check_url(url),
-        allow_private=check_bool(allow_private, "allow_private"),
+        principal=principal, url=checked, allow_private=private,
         schedule=check_schedule(schedule),
         budget=settings.delivery_budget if budget is None else check_int(
             budget, "budget", low=DELIVERY_BUDGETS[0], high=DELIVERY_BUDGETS[-1]),
         concurrency=check_int(concurrency, "concurrency", low=CONCURRENCY[0],
                               high=CONCURRENCY[-1]))
+
+
+def _refuse_private_address(url: str) -> None:
+    """Refuse a URL whose host is an address the sender never connects to without
+    ``allow_private`` (a name is judged by the addresses it resolves to, when delivering)."""
+    host = urlsplit(url).hostname or ""
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return
+    reason = address_refusal(host)
+    if reason is not None:
+        raise InvalidInput("url", f"{host} is a {reason} address: deliveries to it are "
+                                  "refused unless allow_private is set (--allow-private)")
 
 
 def _endpoint(tx: Tx, row: Row) -> Endpoint:

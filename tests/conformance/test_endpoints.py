@@ -86,6 +86,21 @@ def test_a_bad_endpoint_is_refused_naming_the_field_and_nothing_is_written(store
     assert store.endpoints() == {}
 
 
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9/in", "http://10.1.2.3/in",
+                                 "https://[::1]:8443/in", "http://169.254.169.254/",
+                                 "http://[::ffff:192.168.0.1]/"])
+def test_an_address_deliveries_never_reach_is_refused_when_added_unless_allowed(store, url):
+    with pytest.raises(postroom.InvalidInput) as refused:
+        store.add_endpoint("planner", url)
+    assert refused.value.field == "url" and "allow_private" in str(refused.value)
+    assert store.endpoints() == {}
+    assert store.add_endpoint("planner", url, allow_private=True).allow_private
+
+
+def test_a_name_is_judged_by_its_addresses_when_delivering_not_when_added(store):
+    assert store.add_endpoint("planner", "http://localhost:9/in").url == "http://localhost:9/in"
+
+
 def test_rotation_adds_a_secret_and_can_expire_the_old_ones_after_a_grace(store, clock):
     first = store.add_endpoint("planner", "https://h.example.com/").secrets[0]
     both = store.rotate_endpoint_secret("planner")

@@ -30,7 +30,6 @@ connected to would be the proxy's.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import math
 import socket
 import time
@@ -43,6 +42,7 @@ import httpcore
 import httpx
 
 from postroom import AddressRefused, Endpoint, Outcome, Outgoing, __version__
+from postroom.endpoints import address_refusal as refusal
 from postroom.signing import sign
 from postroom.validation import is_decimal
 
@@ -73,30 +73,6 @@ class Timeouts:
 
     def __repr__(self) -> str:
         return f"Timeouts(connect={self.connect}, read={self.read}, total={self.total})"
-
-
-def refusal(address: str) -> str | None:
-    """Why the sender does not connect to ``address`` without ``allow_private``, or ``None``.
-
-    An IPv4 address inside an IPv6 one (mapped, 6to4, NAT64, Teredo) is judged as itself.
-    """
-    ip = ipaddress.ip_address(address.split("%", 1)[0])  # drop an IPv6 zone id
-    if isinstance(ip, ipaddress.IPv6Address):
-        embedded = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
-        if embedded is None and ip in _NAT64:
-            embedded = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-        if embedded is not None:
-            inner = refusal(str(embedded))
-            return None if inner is None else f"{inner} (inside {ip})"
-    for reason, refused in (("loopback", ip.is_loopback), ("unspecified", ip.is_unspecified),
-                            ("link-local", ip.is_link_local), ("multicast", ip.is_multicast),
-                            ("reserved", ip.is_reserved), ("private", ip.is_private)):
-        if refused:
-            return reason
-    return None if ip.is_global else "not globally routable"
-
-
-_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 
 
 class GuardedBackend(httpcore.AsyncNetworkBackend):
