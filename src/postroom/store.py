@@ -43,6 +43,7 @@ from postroom.errors import (
     Fenced,
     InvalidInput,
     SchemaError,
+    StoreError,
     Unauthorized,
     Unconfirmed,
 )
@@ -1403,10 +1404,14 @@ def _existing(url: str) -> Database:
     there is none or its schema is another version than this postroom's."""
     from postroom.db import dialect_for_url, redacted_url
 
-    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
-        raise SchemaError(f"no postroom store at {url}: there is no such file "
-                          "(postroom init creates one)")
-    database = Database(dialect_for_url(url, read_only=True), track_time=False)
+    try:
+        dialect = dialect_for_url(url, read_only=True)
+    except StoreError:
+        if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+            raise SchemaError(f"no postroom store at {url}: there is no such file "
+                              "(postroom init creates one)") from None
+        raise
+    database = Database(dialect, track_time=False)
     try:
         if database.schema_version("store") == 0:
             raise SchemaError(f"no postroom store at {redacted_url(url)} "
