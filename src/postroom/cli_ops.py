@@ -474,10 +474,16 @@ def retry(  # noqa: PLR0917 - click passes every option as an argument
         raise click.UsageError("name a TASK_ID, or the tasks with --queue, --state, --since "
                                "or --until")
     with _open(url) as store:
-        # A dry run lists the tasks; each is then re-run on its own, for the progress bar.
-        chosen = [item for item in store.retry_many(
+        # A dry run lists the tasks (one more than the limit, to tell whether it cut the
+        # list short); each is then re-run on its own, for the progress bar.
+        found = [item for item in store.retry_many(
             operator=operator, reason=reason, state=state, queue=queue, created_after=since,
-            created_before=until, dry_run=True, limit=limit) if isinstance(item, models.Task)]
+            created_before=until, dry_run=True, limit=limit + 1)
+            if isinstance(item, models.Task)]
+        chosen = found[:limit]
+        if len(found) > limit:  # said first: a list cut short must not read as whole
+            click.echo(f"--limit {limit} reached: more tasks match (raise --limit, or narrow "
+                       "them with --since/--until)", err=True)
         if dry_run:
             if as_json:
                 _echo_json({"would_retry": chosen})

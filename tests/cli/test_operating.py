@@ -393,6 +393,18 @@ def test_retry_dry_run_lists_what_would_run_again_and_writes_nothing(db_url, liv
     assert all(live.retries(task_id) == [] for task_id in failed)
 
 
+def test_a_bulk_retry_cut_short_by_its_limit_says_so(db_url, live, auth):
+    for index in range(3):
+        failed_task(live, auth, f"f-{index}", queue="mail")
+    capped = cli("retry", db_url, "--queue", "mail", "--reason", "r", "--dry-run",
+                 "--limit", "2")
+    whole = cli("retry", db_url, "--queue", "mail", "--reason", "r", "--dry-run",
+                "--limit", "3")
+    assert "--limit 2 reached: more tasks match" in capped.stderr
+    assert "dry run: 2 tasks would run again" in capped.stderr
+    assert "reached" not in whole.stderr
+
+
 def test_bulk_retry_runs_each_named_task_again(db_url, live, auth):
     failed = [failed_task(live, auth, f"f-{index}", queue="mail") for index in range(3)]
     cancelled = live.receive(auth, far("c", queue="mail")).task_id
