@@ -891,6 +891,8 @@ def serve(  # noqa: PLR0917 - click passes every option as an argument
     if app is not None and not app.steps:
         raise click.UsageError("--import: that App has no resumer, and the service runs no "
                                "handlers (postroom worker does)")
+    if port:
+        _refuse_busy(host, port)
     with open_store(url) as store:
         chosen: list[Duty] = [] if no_duties else upkeep_duties(store)
         if app is not None:
@@ -903,6 +905,21 @@ def serve(  # noqa: PLR0917 - click passes every option as an argument
                 access_log=access_log)
         finally:
             duties.stop()
+
+
+def _refuse_busy(host: str, port: int) -> None:
+    """``InvalidInput`` (one line, exit 2) if nothing can listen on ``host:port`` (another
+    server holds it, say), before the store is opened: uvicorn would log it and exit 3."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            probe.bind((host, port))
+    except OSError as exc:
+        raise InvalidInput("port", f"cannot listen on {host}:{port}: "
+                                   f"{exc.strerror or exc}") from None
 
 
 # -- the operators' commands: status, list, inspect and their decisions (postroom.cli_ops) ------

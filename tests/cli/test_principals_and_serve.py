@@ -81,6 +81,17 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def test_serve_on_a_port_already_in_use_says_so_in_one_line_and_exits_2(db_url):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        result = run("serve", db_url, "--port", str(port))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        f"Error: InvalidInput: port: cannot listen on 127.0.0.1:{port}: ")
+
+
 def test_serve_answers_until_sigterm_then_exits_143(db_url):
     port = free_port()
     with Process(python("-m", "postroom", "serve", db_url, "--port", str(port),
