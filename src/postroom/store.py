@@ -1402,12 +1402,13 @@ def inspect_store(url: str, *, settings: Settings | None = None) -> dict[str, An
 def _existing(url: str) -> Database:
     """The store at ``url``, read-only; ``SchemaError`` (nothing created or written) if
     there is none or its schema is another version than this postroom's."""
-    from postroom.db import dialect_for_url, redacted_url
+    from postroom.db import dialect_for_url, redacted_url, sqlite_path
 
     try:
         dialect = dialect_for_url(url, read_only=True)
     except StoreError:
-        if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        path = sqlite_path(url)
+        if path is not None and not Path(path).exists():
             raise SchemaError(f"no postroom store at {url}: there is no such file "
                               "(postroom init creates one)") from None
         raise

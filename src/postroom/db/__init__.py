@@ -9,13 +9,20 @@ from postroom.db.database import Database, Tx, Write
 from postroom.db.dialect import Dialect
 from postroom.errors import InvalidInput
 
-__all__ = ["Database", "Dialect", "Tx", "Write", "dialect_for_url", "redacted_url"]
+__all__ = ["Database", "Dialect", "Tx", "Write", "dialect_for_url", "redacted_url",
+           "sqlite_path"]
 
 
 def redacted_url(url: str) -> str:
     """``url`` with any password replaced by ``***``, for messages and output."""
     url = re.sub(r"(://[^:/@]*):[^@]*@", r"\1:***@", url)
     return re.sub(r"([?&]password=)[^&]*", r"\1***", url)
+
+
+def sqlite_path(url: str) -> str | None:
+    """The file of a ``sqlite:///`` URL (as given: relative or absolute); ``None`` for
+    another scheme."""
+    return url[len("sqlite:///"):] if url.startswith("sqlite:///") else None
 
 
 def dialect_for_url(url: str, *, read_only: bool = False) -> Dialect:
@@ -26,8 +33,8 @@ def dialect_for_url(url: str, *, read_only: bool = False) -> Dialect:
     looking only (audit, info): a SQLite file that does not exist is an error instead of a
     new empty database, and the file is opened read-only, its journal mode left as found.
     """
-    if url.startswith("sqlite:///"):
-        path = url[len("sqlite:///"):]
+    path = sqlite_path(url)
+    if path is not None:
         if not path or path == ":memory:":
             raise InvalidInput("url", "postroom needs a database file; in-memory SQLite "
                                       "would not survive a restart")

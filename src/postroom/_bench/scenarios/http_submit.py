@@ -67,12 +67,17 @@ _AUTH = postroom.AuthContext(principal="bench")
 _DAY = 86_400.0
 
 
+def _envelope(n: int, deadline: float) -> postroom.Envelope:
+    """Task ``n`` of an in-process round."""
+    return postroom.Envelope(message_id=f"m-{n}", sender="bench", payload={"n": n},
+                             deadline=deadline)
+
+
 def _in_process(store: postroom.Store, sent: Numbers, tasks: int) -> Callable[[], int]:
     def round_() -> int:
         deadline = time.time() + _DAY
         for n in sent.take(tasks):
-            store.receive(_AUTH, postroom.Envelope(message_id=f"m-{n}", sender="bench",
-                                                   payload={"n": n}, deadline=deadline))
+            store.receive(_AUTH, _envelope(n, deadline))
         return tasks
     return round_
 
@@ -85,9 +90,8 @@ def _from_event_loop(store: postroom.Store, sent: Numbers, tasks: int,
         loop = asyncio.get_running_loop()
         deadline = time.time() + _DAY
         for n in sent.take(tasks):
-            await loop.run_in_executor(threads, partial(
-                store.receive, _AUTH, postroom.Envelope(
-                    message_id=f"m-{n}", sender="bench", payload={"n": n}, deadline=deadline)))
+            await loop.run_in_executor(threads, partial(store.receive, _AUTH,
+                                                        _envelope(n, deadline)))
 
     def round_() -> int:
         _run_loop(calls())
