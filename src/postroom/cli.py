@@ -277,8 +277,9 @@ def bench(quick: bool, only: tuple[str, ...], folder: Path | None,  # noqa: PLR0
                    "handler is abandoned and its attempt fails as retryable (repeatable).")
 @click.option("--prefetch", type=click.IntRange(0, 1024), default=None, metavar="N",
               help="Tasks claimed beyond the free slots (their leases are renewed too); "
-                   "default: as many as the concurrency while handlers end within 5 ms on "
-                   "average, else none.")
+                   "default: while handlers end within 5 ms on average, as many as the "
+                   "slots run in 5 ms (from the concurrency to 16 times it, at most 1024), "
+                   "else none.")
 @click.option("--lease", type=float, default=None, metavar="SECONDS",
               help="Each claim's lease (default: the store's, 30).")
 @click.option("--grace", type=float, default=30.0, show_default=True, metavar="SECONDS",

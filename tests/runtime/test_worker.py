@@ -231,10 +231,11 @@ def _processing(store: postroom.Store) -> int:
     return store.status().queues["default"].processing
 
 
-def _claimed_at_once(store: postroom.Store, *, takes: float) -> int:
-    """How many tasks a worker of concurrency 2 holds at once once its handlers have each
-    taken ``takes`` seconds (on the worker's clock): the tasks wait in a paused queue, so
-    the worker takes them with one claim when it is resumed."""
+def _claimed_at_once(store: postroom.Store, *, takes: float, concurrency: int = 2,
+                     waiting: int = 8) -> int:
+    """How many of ``waiting`` tasks a worker of ``concurrency`` holds at once once its
+    handlers have each taken ``takes`` seconds (on the worker's clock): the tasks wait in a
+    paused queue, so the worker takes them with one claim when it is resumed."""
     clock = postroom.ManualClock()
     release = threading.Event()
     app = App()
@@ -248,22 +249,33 @@ def _claimed_at_once(store: postroom.Store, *, takes: float) -> int:
 
     for n in range(4):
         send(store, f"first-{n}")
-    with running(store, app, dataclasses.replace(FAST, concurrency=2), clock=clock) as worker:
+    settings = dataclasses.replace(FAST, concurrency=concurrency)
+    with running(store, app, settings, clock=clock) as worker:
         eventually(lambda: worker.stats.done == 4)
         store.pause_queue("default", operator="test", reason="to be claimed at once")
-        for n in range(8):
+        for n in range(waiting):
             send(store, f"held-{n}", {"hold": True})
         store.resume_queue("default")
         eventually(lambda: _processing(store) > 0 and worker.stats.claimed > 4)
         held = _processing(store)
         release.set()
-        eventually(lambda: worker.stats.done == 12)
+        eventually(lambda: worker.stats.done == 4 + waiting)
     return held
 
 
-def test_while_its_handlers_are_quick_a_worker_claims_its_concurrency_again_beyond_free_slots(
+def test_while_its_handlers_take_no_time_a_worker_claims_16_tasks_per_slot_beyond_free_slots(
         store):
-    assert _claimed_at_once(store, takes=0.0) == 4
+    assert _claimed_at_once(store, takes=0.0, waiting=40) == 2 + 16 * 2
+
+
+def test_a_worker_prefetches_what_its_slots_run_within_the_quick_handler_time(store):
+    # Handlers of a quarter of QUICK_HANDLER (one slot, so no run time overlaps another's):
+    # four tasks beyond the free slot, each waiting about QUICK_HANDLER at most.
+    assert _claimed_at_once(store, takes=QUICK_HANDLER / 4, concurrency=1, waiting=10) == 1 + 4
+
+
+def test_while_its_handlers_are_nearly_slow_a_worker_still_prefetches_its_concurrency(store):
+    assert _claimed_at_once(store, takes=0.8 * QUICK_HANDLER, concurrency=1) == 1 + 1
 
 
 def test_after_slow_handlers_a_worker_claims_only_for_its_free_slots(store):

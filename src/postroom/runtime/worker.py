@@ -84,9 +84,16 @@ __all__ = ["QUICK_HANDLER", "Worker", "WorkerSettings", "WorkerStats", "default_
 _log = log.get("worker")
 
 #: Seconds: while its handlers' run time averages under this, a worker with the default
-#: prefetch claims up to ``concurrency`` tasks beyond its free slots. A prefetched task then
-#: waits for about one such handler, and the commits that hand out work are twice as full.
+#: prefetch claims beyond its free slots as many tasks as its slots run in that time (at
+#: least ``concurrency``, at most ``_PREFETCH_ROUNDS`` times it). A prefetched task then
+#: waits for a slot about this long at most, and the commits that hand out work and take
+#: back outcomes are that many times fuller.
 QUICK_HANDLER = 0.005
+#: The most the default prefetch claims, in tasks per slot: what a worker stopped without
+#: releasing its claims (a crash) leaves for the lease rescuer stays bounded.
+_PREFETCH_ROUNDS = 16
+#: The most tasks a worker claims beyond its free slots, by default or when told.
+MAX_PREFETCH = 1024
 #: The weight of the latest handler's run time in that average (one slow handler turns the
 #: prefetch off at once; some thirty quick ones turn it on again).
 _RUN_TIME_WEIGHT = 0.1
@@ -110,9 +117,10 @@ class WorkerSettings:
     #: How many handlers run at once (threads for plain functions, tasks for coroutines).
     concurrency: int = 16
     #: How many tasks to claim beyond the free slots, to start the next ones without waiting
-    #: for a commit (their leases are renewed like the running ones'). ``None``: as many as
-    #: ``concurrency`` while the handlers end quickly (their recent run time averages under
-    #: ``QUICK_HANDLER`` seconds), none otherwise, so no task waits behind a slow handler.
+    #: for a commit (their leases are renewed like the running ones'). ``None``: while the
+    #: handlers end quickly (their recent run time averages under ``QUICK_HANDLER``
+    #: seconds), as many as the slots run in that time (from ``concurrency`` to 16 times
+    #: it, at most ``MAX_PREFETCH``); none otherwise, so no task waits behind a slow handler.
     prefetch: int | None = None
     #: The lease of each claim, in seconds (``None``: the store's).
     lease: float | None = None
@@ -143,7 +151,7 @@ class WorkerSettings:
             raise InvalidInput("queues", "must be a tuple of queue names")
         check_int(self.concurrency, "concurrency", low=1, high=1024)
         if self.prefetch is not None:
-            check_int(self.prefetch, "prefetch", low=0, high=1024)
+            check_int(self.prefetch, "prefetch", low=0, high=MAX_PREFETCH)
         check_int(self.settle_batch, "settle_batch", low=1, high=10_000)
         if self.lease is not None:
             check_lease(self.lease)
@@ -462,12 +470,18 @@ class Worker:
 
     def _prefetch(self) -> int:
         """The tasks to claim beyond the free slots now (under the lock): the setting's, or
-        by default ``concurrency`` while the handlers are quick (see ``WorkerSettings``)."""
+        by default what the slots run in ``QUICK_HANDLER`` seconds at the handlers' recent
+        pace, from ``concurrency`` to ``_PREFETCH_ROUNDS`` times it (none while they are
+        slower; see ``WorkerSettings``)."""
         settings = self._settings
         if settings.prefetch is not None:
             return settings.prefetch
-        quick = self._run_time is not None and self._run_time < QUICK_HANDLER
-        return settings.concurrency if quick else 0
+        run_time = self._run_time
+        if run_time is None or run_time >= QUICK_HANDLER:
+            return 0
+        rounds = (_PREFETCH_ROUNDS if run_time * _PREFETCH_ROUNDS <= QUICK_HANDLER
+                  else max(1, int(QUICK_HANDLER / run_time)))
+        return min(settings.concurrency * rounds, MAX_PREFETCH)
 
     def _begin(self, held: _Held) -> None:
         spec = self._app.handler_for(held.claim.queue)
