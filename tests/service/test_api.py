@@ -184,6 +184,38 @@ def test_finishing_writes_the_result_and_a_retry_is_answered_as_a_replay(service
     assert service.store.task(task_id).result == {"ok": 1}
 
 
+def _opening_waits(*steps: str) -> list[dict]:
+    return [{"flow": "replayed", "step": step, "deadline": DEADLINE} for step in steps]
+
+
+def _replayed(first: dict) -> dict:
+    """``first``, an outcome's answer, as its replay answers it."""
+    return {**first, "replay": True,
+            "waits": [{**opening, "replay": True} for opening in first["waits"]]}
+
+
+def test_a_finish_sent_again_after_it_committed_replays_the_waits_it_opened(service):
+    with service.http("alice") as http:
+        task_id = submit(http).json()["task_id"]
+    held = claim(service)
+    body = {"fence": held["fence"], "result": "asked", "waits": _opening_waits("b", "a")}
+    with service.http("wendy") as worker:
+        first = worker.post(f"/v1/tasks/{task_id}/finish", json=body).json()
+        again = worker.post(f"/v1/tasks/{task_id}/finish", json=body).json()
+    assert [(opening["step"], opening["generation"]) for opening in first["waits"]] == [
+        ("b", 1), ("a", 1)]
+    assert again == _replayed(first)
+
+
+def test_a_settled_finish_sent_again_replays_the_waits_it_opened(service):
+    [held] = held_tasks(service, 1)
+    outcome = {"task_id": held["task_id"], "fence": held["fence"], "outcome": "finish",
+               "waits": _opening_waits("a", "b")}
+    first, again = settle(service, outcome), settle(service, outcome)
+    assert [opening["step"] for opening in first.json()["settled"][0]["waits"]] == ["a", "b"]
+    assert again.json()["settled"][0] == _replayed(first.json()["settled"][0])
+
+
 def test_a_stale_fence_is_409_lease_lost_and_writes_nothing(service):
     with service.http("alice") as http:
         task_id = submit(http).json()["task_id"]

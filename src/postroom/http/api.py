@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -35,6 +35,7 @@ from postroom import (
     FollowUp,
     InvalidInput,
     NotFound,
+    OpenResult,
     OpenWait,
     PostroomError,
     Principal,
@@ -46,6 +47,7 @@ from postroom import (
     TaskState,
     Unauthorized,
     Wait,
+    WaitOpening,
 )
 from postroom.http.problems import NOT_FOUND, Problem, problem_for
 from postroom.http.routing import Answer, Call
@@ -482,19 +484,31 @@ def _outcome(call: Call, kind: str, commit: Callable[[Claim], Answer]) -> Answer
     try:
         return commit(_claim_of(call))
     except Fenced:
-        state = _replayed(call, call.params["task_id"], call.body["fence"], kind)
-        if state is None:
+        replay = _replayed(call, call.params["task_id"], call.body["fence"], kind,
+                           call.body.get("waits", ()))
+        if replay is None:
             raise
-        return Answer(body={"state": state.value, "replay": True})
+        return Answer(body=replay)
 
 
-def _replayed(call: Call, task_id: str, fence: int, kind: str) -> TaskState | None:
-    """The state a ``kind`` outcome of the caller's claim at ``fence`` already committed
-    left the task in, or ``None`` if no such outcome committed."""
-    for attempt in call.store.story(task_id).attempts:
+def _replayed(call: Call, task_id: str, fence: int, kind: str,
+              waits: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The answer to a ``kind`` outcome of the caller's claim at ``fence`` that already
+    committed (``replay: true``, the state it left the task in and, for a finish, the
+    ``waits`` it opened, as its first answer gave them), or ``None`` if none committed."""
+    story = call.store.story(task_id)
+    for attempt in story.attempts:
         if (attempt.fence == fence and attempt.owner == owner_of(call)
                 and attempt.outcome in _ENDS[kind]):
-            return _ENDS[kind][attempt.outcome]
+            # A task finishes once, and after any other wait it opened: the latest
+            # generation it opened of each asked slot is the one its finish opened.
+            opened = {(wait.flow, wait.step): wait.generation
+                      for wait in sorted(story.waits, key=lambda wait: wait.generation)}
+            return {"state": _ENDS[kind][attempt.outcome].value, "replay": True,
+                    "waits": [plain(WaitOpening(
+                        result=OpenResult.OPENED, flow=asked["flow"], step=asked["step"],
+                        generation=opened[asked["flow"], asked["step"]], replay=True))
+                        for asked in waits if (asked["flow"], asked["step"]) in opened]}
     return None
 
 
@@ -607,10 +621,10 @@ def _not_settled(call: Call, item: Mapping[str, Any], error: Exception) -> dict[
     """The answer to an item that was not committed now: its replay, if the same outcome
     of the same claim committed before, else its problem."""
     if isinstance(error, Fenced):
-        state = _replayed(call, item["task_id"], item["fence"], item["outcome"])
-        if state is not None:
-            return {"task_id": item["task_id"], "state": state.value, "replay": True,
-                    "waits": []}
+        replay = _replayed(call, item["task_id"], item["fence"], item["outcome"],
+                           item.get("waits", ()) if item["outcome"] == "finish" else ())
+        if replay is not None:
+            return {"task_id": item["task_id"], **replay}
     return _refused(item["task_id"], error)
 
 

@@ -58,6 +58,7 @@ from postroom._bench.context import (
 )
 from postroom._bench.handlers import QUEUES
 from postroom._bench.scenarios import runtime
+from postroom.db import sqlite_path
 
 __all__ = ["OBAN_VENV", "WORKERS", "best_pg_peer_bar", "ensure_oban_python", "markdown",
            "peer_bars", "run_pg_peers", "run_sqlite_peers"]
@@ -384,7 +385,8 @@ def _installed(module: str) -> None:
 
 def _huey(ctx: Context) -> _Peer:
     _installed("huey")
-    path = ctx.target.url("peers-huey").removeprefix("sqlite:///")
+    path = sqlite_path(ctx.target.url("peers-huey"))
+    assert path is not None, "the peers scenario runs on SQLite"
     return _Huey(sys.executable, path)
 
 
