@@ -64,11 +64,22 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 def _moment(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
     """A ``TIME`` option: seconds since the epoch (1767225600), ISO 8601 (2026-01-01T00:00,
     UTC unless it names an offset) or a duration ago (90s, 15m, 2h, 7d)."""
+    return _parse_moment(value, ahead=False)
+
+
+def _moment_ahead(ctx: click.Context, param: click.Parameter,
+                  value: str | None) -> float | None:
+    """``_moment`` for a time that is usually to come (a deadline): a duration is from now."""
+    return _parse_moment(value, ahead=True)
+
+
+def _parse_moment(value: str | None, *, ahead: bool) -> float | None:
     if value is None:
         return None
     text = value.strip()
-    if (ago := _AGO.fullmatch(text)) is not None:
-        return time.time() - float(ago[1]) * _UNITS[ago[2]]
+    if (span := _AGO.fullmatch(text)) is not None:
+        seconds = float(span[1]) * _UNITS[span[2]]
+        return time.time() + (seconds if ahead else -seconds)
     try:
         return float(text)
     except ValueError:
@@ -77,14 +88,16 @@ def _moment(ctx: click.Context, param: click.Parameter, value: str | None) -> fl
         moment = datetime.fromisoformat(text)
     except ValueError:
         raise click.BadParameter(f"{text!r} is neither seconds since the epoch, ISO 8601 nor "
-                                 "a duration ago such as 15m, 2h or 7d") from None
+                                 f"a duration {'from now' if ahead else 'ago'} such as 15m, "
+                                 "2h or 7d") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return moment.timestamp()
 
 
-def _time_option(name: str, help_text: str) -> Callable[[Any], Any]:
-    return click.option(name, callback=_moment, default=None, metavar="TIME", help=help_text)
+def _time_option(name: str, help_text: str, *, ahead: bool = False) -> Callable[[Any], Any]:
+    return click.option(name, callback=_moment_ahead if ahead else _moment, default=None,
+                        metavar="TIME", help=help_text)
 
 
 def _plain(value: Any) -> Any:
@@ -204,7 +217,9 @@ _KINDS = {"tasks": ("state", "queue", "principal", "since", "until"),
 @_time_option("--since", "tasks: created after this time (seconds since the epoch, ISO "
                          "8601, or a duration ago: 15m, 2h, 7d).")
 @_time_option("--until", "tasks: created before this time.")
-@_time_option("--due-before", "waits: only those whose deadline comes before this time.")
+@_time_option("--due-before", "waits: only those whose deadline comes before this time "
+                              "(a duration is from now: 1h, the waits due within the hour).",
+              ahead=True)
 @click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True,
               help="At most this many.")
 @click.option("--cursor", default=None, help="Go on after the page that printed it.")

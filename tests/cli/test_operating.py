@@ -173,6 +173,13 @@ def test_list_waits_due_before_a_time(db_url, live):
     assert due["flow"] == "refund-17"
 
 
+def test_list_waits_due_before_a_duration_counts_it_from_now(db_url, live):
+    live.open_wait("refund-17", "approve", 0, time.time() + 600)
+    live.open_wait("refund-18", "approve", 0, time.time() + 7200)
+    (due,) = shown(cli("list", db_url, "waits", "--due-before", "1h", "--json"))["waits"]
+    assert due["flow"] == "refund-17"
+
+
 def test_list_refuses_a_filter_of_another_kind(db_url, live):
     result = cli("list", db_url, "waits", "--queue", "mail")
     assert result.exit_code == 2 and "--queue does not filter waits" in result.stderr
