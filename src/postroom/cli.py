@@ -660,7 +660,7 @@ def schedule_list(store_url: str, as_json: bool) -> None:
 @_STORE_OPTION
 @_OPERATOR_OPTION
 def schedule_pause(name: str, store_url: str, operator: str) -> None:
-    """Enqueue nothing for NAME until it is resumed."""
+    """Enqueue nothing for NAME until it is resumed. Exits 1 if it was paused already."""
     _switch_schedule(name, store_url, operator, paused=True)
 
 
@@ -669,7 +669,8 @@ def schedule_pause(name: str, store_url: str, operator: str) -> None:
 @_STORE_OPTION
 @_OPERATOR_OPTION
 def schedule_resume(name: str, store_url: str, operator: str) -> None:
-    """Let NAME enqueue again; what its pause let pass is handled by its --missed policy."""
+    """Let NAME enqueue again; what its pause let pass is handled by its --missed policy.
+    Exits 1 if it was not paused."""
     _switch_schedule(name, store_url, operator, paused=False)
 
 
@@ -679,6 +680,10 @@ def _switch_schedule(name: str, store_url: str, operator: str, *, paused: bool) 
     with open_store(store_url, create=False) as store:
         switch = store.pause_schedule if paused else store.resume_schedule
         changed = switch(name, operator=operator)
+    if not changed:  # as `postroom pause` and `resume` answer for a queue
+        state = "was paused already" if paused else "is not paused"
+        click.echo(f"refused: schedule {name} {state}", err=True)
+        sys.exit(1)
     click.echo(json.dumps({"name": name, "paused": paused, "changed": changed}))
 
 

@@ -43,6 +43,17 @@ def test_the_schedule_commands_add_list_pause_resume_and_remove(db_url):
     assert run("list", "--store", db_url).stdout.strip() == "no schedules"
 
 
+def test_pausing_a_paused_schedule_or_resuming_a_running_one_exits_1(db_url):
+    assert run("add", "nightly", "--store", db_url, "--cron", "0 2 * * *").returncode == 0
+    not_paused = run("resume", "nightly", "--store", db_url)
+    assert (not_paused.returncode, not_paused.stderr.strip()) == (
+        1, "refused: schedule nightly is not paused")
+    assert run("pause", "nightly", "--store", db_url).returncode == 0
+    again = run("pause", "nightly", "--store", db_url)
+    assert (again.returncode, again.stdout, again.stderr.strip()) == (
+        1, "", "refused: schedule nightly was paused already")
+
+
 def test_another_definition_under_a_name_exits_2_unless_replaced(db_url):
     assert run("add", "r", "--store", db_url, "--cron", "0 * * * *").returncode == 0
     refused = run("add", "r", "--store", db_url, "--cron", "*/5 * * * *")
