@@ -152,8 +152,10 @@ def make_url(backend: str, tmp_path: Path) -> Iterator[UrlFactory]:
 @pytest.fixture
 def db_url(make_url: UrlFactory, request: pytest.FixtureRequest) -> str:
     # A test that opens the store fixture on it gets it migrated already (the fixture would
-    # migrate it first thing): that is the time a fresh store costs, saved.
-    if "store" in request.fixturenames:
+    # migrate it first thing): that is the time a fresh store costs, saved. A module that sets
+    # STORE_MADE gets it too: its commands refuse a URL without a store (``postroom init``
+    # makes one) rather than create it.
+    if "store" in request.fixturenames or getattr(request.module, "STORE_MADE", False):
         return make_url.store()
     return make_url("store")
 

@@ -22,12 +22,8 @@ from tests.harness.children import Process, python
 from tests.http.servers import Switch, serve
 from tests.support import database_of, envelope
 
-
-@pytest.fixture
-def db_url(make_url) -> str:
-    """A store's URL, the store made (as ``postroom init`` makes it): the commands under test
-    refuse a URL without one rather than create it."""
-    return make_url.store()
+#: ``db_url`` names a store already made: these commands refuse a URL without one.
+STORE_MADE = True
 
 
 def run(*args: str) -> children.subprocess.CompletedProcess[str]:

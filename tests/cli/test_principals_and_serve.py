@@ -14,12 +14,8 @@ import postroom
 from tests.harness import children
 from tests.harness.children import Process, python
 
-
-@pytest.fixture
-def db_url(make_url) -> str:
-    """A store's URL, the store made (as ``postroom init`` makes it): the commands under test
-    refuse a URL without one rather than create it."""
-    return make_url.store()
+#: ``db_url`` names a store already made: these commands refuse a URL without one.
+STORE_MADE = True
 
 
 def run(*args: str):
