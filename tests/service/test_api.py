@@ -704,3 +704,12 @@ def test_a_path_parameter_arrives_decoded_and_a_path_outside_the_api_is_404(serv
     assert found.status_code == 200 and found.json()["task_id"] == task_id
     assert missing.status_code == elsewhere.status_code == 404
     assert missing.json()["type"] == elsewhere.json()["type"] == "/problems/not-found"
+
+
+def test_every_answer_carries_a_request_id_of_its_own(service):
+    with service.http("alice") as http:
+        ids = [http.get("/healthz").headers["x-request-id"] for _ in range(3)]
+        ids.append(http.get("/v1/tasks/nothing-here").headers["x-request-id"])
+    assert len(set(ids)) == 4
+    assert all(len(found) == 32 and int(found, 16) >= 0 for found in ids)
+
