@@ -302,11 +302,11 @@ def worker(url: str, *, imports: tuple[str, ...], queues: tuple[str, ...],
     """Run the handlers of --import's App on the store at URL until SIGTERM or SIGINT.
 
     Claims as many tasks as it has free slots in one transaction (and, while handlers are
-    quick, as many again), wakes on new work,
+    quick, what the slots run in 5 ms more: see --prefetch), wakes on new work,
     renews all of its leases together and group-commits its handlers' outcomes. The first
-    SIGTERM or SIGINT stops claiming, gives running handlers --grace seconds and releases
-    the rest (never marking unfinished work done), then exits 143 (130); a second one
-    exits at once.
+    SIGTERM or SIGINT stops claiming, releases the prefetched tasks whose handlers have not
+    begun, gives running handlers --grace seconds and releases the rest (never marking
+    unfinished work done), then exits 143 (130); a second one exits at once.
 
     URL may instead be a postroom service (http:// or https://), for a host with no access
     to the database: the handlers then run as a worker principal whose token is read from

@@ -269,9 +269,9 @@ def test_while_its_handlers_take_no_time_a_worker_claims_16_tasks_per_slot_beyon
 
 
 def test_a_worker_prefetches_what_its_slots_run_within_the_quick_handler_time(store):
-    # Handlers of a quarter of QUICK_HANDLER (one slot, so no run time overlaps another's):
-    # four tasks beyond the free slot, each waiting about QUICK_HANDLER at most.
-    assert _claimed_at_once(store, takes=QUICK_HANDLER / 4, concurrency=1, waiting=10) == 1 + 4
+    # Handlers of 0.3 QUICK_HANDLER (one slot, so no run time overlaps another's): three
+    # tasks beyond the free slot, each waiting about QUICK_HANDLER at most.
+    assert _claimed_at_once(store, takes=0.3 * QUICK_HANDLER, concurrency=1, waiting=10) == 1 + 3
 
 
 def test_while_its_handlers_are_nearly_slow_a_worker_still_prefetches_its_concurrency(store):
@@ -442,6 +442,37 @@ def test_stopping_lets_running_handlers_finish_within_the_grace_period(store):
     finish.set()
     thread.join(PATIENCE)
     assert store.task(task_id).state == TaskState.DONE
+
+
+def test_stopping_releases_prefetched_tasks_at_once_and_never_begins_their_handlers(store):
+    started, finish = threading.Event(), threading.Event()
+    ran: list[object] = []
+    app = App()
+
+    @app.handler("default")
+    def first_blocks(payload: dict[str, object], ctx: Context) -> None:
+        ran.append(payload["n"])
+        started.set()
+        finish.wait(PATIENCE)
+
+    store.pause_queue("default", operator="test", reason="to be claimed at once")
+    task_ids = [send(store, f"m-{n}", {"n": n}) for n in range(4)]
+    worker = Worker(store, app, dataclasses.replace(FAST, concurrency=1, prefetch=3,
+                                                    grace=PATIENCE))
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    store.resume_queue("default")
+    assert started.wait(PATIENCE)
+    eventually(lambda: _processing(store) == 4)
+    worker.stop()
+    # Released while the first handler still runs within the grace period.
+    eventually(lambda: [state(store, task_id) for task_id in task_ids[1:]]
+               == [TaskState.PENDING] * 3)
+    finish.set()
+    thread.join(PATIENCE)
+    assert ran == [0]
+    assert state(store, task_ids[0]) == TaskState.DONE
+    assert [store.task(task_id).attempts for task_id in task_ids[1:]] == [0, 0, 0]
 
 
 def test_stopping_releases_what_outlives_the_grace_period_with_its_attempt_given_back(store):

@@ -5,7 +5,8 @@ One worker is one owner of claims, with ``concurrency`` slots (and, per queue, a
 
     claimer  -- claims as many tasks as it has free slots, in one transaction (of a capped
                 queue, no more than its cap leaves free), and while its handlers are quick
-                as many again (the prefetch, started as slots free up); when none is
+                what its slots run in ``QUICK_HANDLER`` more (the prefetch, started as
+                slots free up); when none is
                 claimable it waits for a wake-up (LISTEN/NOTIFY on PostgreSQL, the watcher on
                 SQLite) and polls only as the fallback;
     handlers -- plain functions run on a pool of ``concurrency`` threads, coroutine functions
@@ -26,11 +27,12 @@ One worker is one owner of claims, with ``concurrency`` slots (and, per queue, a
     duties   -- the lease rescuer, deadline sweeper, wait timer, continuation runner,
                 pruner and scheduler (``postroom.runtime.duty``), unless turned off.
 
-Stopping (``stop()``, which the CLI calls on SIGTERM or SIGINT): no more claims; running
-handlers have ``grace`` seconds to end (their outcomes are committed as usual); then every
-claim still held is released (``Store.release``: handed back, its attempt given back, never
-marked done) and its handler told to stop. A handler that outlives its task's deadline is
-abandoned; the deadline sweeper expires the task.
+Stopping (``stop()``, which the CLI calls on SIGTERM or SIGINT): no more claims; the
+prefetched claims whose handlers have not begun are released at once (their handlers never
+begin); running handlers have ``grace`` seconds to end (their outcomes are committed as
+usual); then every claim still held is released (``Store.release``: handed back, its
+attempt given back, never marked done) and its handler told to stop. A handler that
+outlives its task's deadline is abandoned; the deadline sweeper expires the task.
 """
 
 from __future__ import annotations
@@ -192,6 +194,7 @@ class _Held:
     ended: bool = False  # its handler ended: its outcome is on its way to the settler
     abandoned: bool = False  # nothing it ends with is committed by this worker
     task: asyncio.Task[Any] | None = None  # the coroutine's task, to cancel
+    began: bool = False  # its handler began (a prefetched one waits for a slot until then)
     started: float | None = None  # when its handler began, on the worker's clock
     timed_out: bool = False  # past its execution timeout: its failure is on its way
 
@@ -351,6 +354,18 @@ class Worker:
     def _shut_down(self) -> None:
         grace_ends = time.monotonic() + self._settings.grace
         with self._lock:
+            # The prefetched tasks whose handlers have not begun never will: released at once.
+            waiting = [held for held in self._held.values()
+                       if held.running and not held.began and not held.abandoned]
+            for held in waiting:
+                held.abandoned = True
+                self._cancel(held)
+        if waiting:
+            log.event(_log, logging.INFO, f"stopping: releasing {len(waiting)} claims whose "
+                                          f"handlers had not begun", owner=self.owner)
+            for held in waiting:
+                self._hand_over(held, Released(claim=held.claim))
+        with self._lock:
             while self._running and time.monotonic() < grace_ends:
                 self._lock.wait(min(0.1, max(0.0, grace_ends - time.monotonic())))
             unfinished = [held for held in self._held.values()
@@ -495,10 +510,10 @@ class Worker:
     # -- running handlers -----------------------------------------------------------------------
 
     def _run_sync(self, spec: HandlerSpec, held: _Held) -> None:
-        if held.cancellation.is_set():  # fenced or released before it could start
+        began = self._started(held)
+        if began is None:  # fenced or released before it could start
             self._ended_one(held, None)
             return
-        began = self._started(held)
         ctx = Context(held.claim, held.cancellation)
         try:
             outcome = outcome_of(held.claim, ctx, lambda: spec.function(held.claim.payload, ctx))
@@ -521,10 +536,10 @@ class Worker:
             self._ended_one(held, None)  # its claim ended before it could start
             return
         try:
-            if held.cancellation.is_set():
+            began = self._started(held)
+            if began is None:
                 self._ended_one(held, None)
                 return
-            began = self._started(held)
             ctx = Context(held.claim, held.cancellation)
             try:
                 result = await spec.function(held.claim.payload, ctx)
@@ -539,11 +554,15 @@ class Worker:
         finally:
             self._coroutine_slots.release()
 
-    def _started(self, held: _Held) -> float:
-        """Its handler begins now (returned): its execution timeout counts from now."""
+    def _started(self, held: _Held) -> float | None:
+        """Its handler begins now (returned): its execution timeout counts from now.
+        ``None``: its claim was given up first (the worker is stopping), so it never begins."""
         now = self._clock.now()
-        if held.claim.queue in self._timeouts:
-            with self._lock:
+        with self._lock:
+            if held.cancellation.is_set():
+                return None
+            held.began = True
+            if held.claim.queue in self._timeouts:
                 held.started = now
                 self._lock.notify_all()
         return now
