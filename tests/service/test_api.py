@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from postroom import InvalidInput
+from postroom import AuthContext, InvalidInput
 from postroom.http.app import ROUTES, create_app
 from postroom.http.routing import Answer, Limits, Route
 from tests.service.conftest import Server
@@ -205,6 +205,39 @@ def test_a_finish_sent_again_after_it_committed_replays_the_waits_it_opened(serv
     assert [(opening["step"], opening["generation"]) for opening in first["waits"]] == [
         ("b", 1), ("a", 1)]
     assert again == _replayed(first)
+
+
+def test_a_replayed_finish_answers_the_generation_it_opened_not_a_later_one(service):
+    service.store.open_wait("replayed", "a", 0, DEADLINE)  # generation 1: another's
+    service.store.signal(AuthContext(principal="someone"), "e-1", "replayed", "a", 1, "yes")
+    service.store.resume("replayed", "a", 1, None)
+    with service.http("alice") as http:
+        task_id = submit(http).json()["task_id"]
+    held = claim(service)
+    body = {"fence": held["fence"], "result": "asked",
+            "waits": [{**wait, "expected_generation": 1} for wait in _opening_waits("a")]}
+    with service.http("wendy") as worker:
+        first = worker.post(f"/v1/tasks/{task_id}/finish", json=body).json()
+        # The same task opens the slot's next generation afterwards.
+        service.store.signal(AuthContext(principal="someone"), "e-2", "replayed", "a", 2, "y")
+        service.store.resume("replayed", "a", 2, None)
+        later = service.store.open_wait("replayed", "a", 2, DEADLINE, task_id=task_id)
+        again = worker.post(f"/v1/tasks/{task_id}/finish", json=body).json()
+    assert (first["waits"][0]["generation"], later.generation) == (2, 3)
+    assert again == _replayed(first)
+
+
+def test_a_replayed_fail_answers_as_its_first_answer_did(service):
+    with service.http("alice") as http:
+        task_id = submit(http).json()["task_id"]
+    held = claim(service)
+    with service.http("wendy") as worker:
+        first = worker.post(f"/v1/tasks/{task_id}/fail",
+                            json={"fence": held["fence"], "reason": "flaky"}).json()
+        again = worker.post(f"/v1/tasks/{task_id}/fail",
+                            json={"fence": held["fence"], "reason": "flaky"}).json()
+    assert first == {"state": "pending", "replay": False}
+    assert again == {"state": "pending", "replay": True}
 
 
 def test_a_settled_finish_sent_again_replays_the_waits_it_opened(service):

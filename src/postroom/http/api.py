@@ -500,15 +500,20 @@ def _replayed(call: Call, task_id: str, fence: int, kind: str,
     for attempt in story.attempts:
         if (attempt.fence == fence and attempt.owner == owner_of(call)
                 and attempt.outcome in _ENDS[kind]):
-            # A task finishes once, and after any other wait it opened: the latest
-            # generation it opened of each asked slot is the one its finish opened.
-            opened = {(wait.flow, wait.step): wait.generation
-                      for wait in sorted(story.waits, key=lambda wait: wait.generation)}
-            return {"state": _ENDS[kind][attempt.outcome].value, "replay": True,
-                    "waits": [plain(WaitOpening(
-                        result=OpenResult.OPENED, flow=asked["flow"], step=asked["step"],
-                        generation=opened[asked["flow"], asked["step"]], replay=True))
-                        for asked in waits if (asked["flow"], asked["step"]) in opened]}
+            answer: dict[str, Any] = {"state": _ENDS[kind][attempt.outcome].value,
+                                      "replay": True}
+            if kind == "finish":
+                # A committed finish opened each wait it asked for at the generation after
+                # the one it expected; the task's story holds those it opened.
+                opened = {(wait.flow, wait.step, wait.generation) for wait in story.waits}
+                answer["waits"] = [plain(WaitOpening(
+                    result=OpenResult.OPENED, flow=flow, step=step, generation=generation,
+                    replay=True))
+                    for flow, step, generation in (
+                        (asked["flow"], asked["step"], asked.get("expected_generation", 0) + 1)
+                        for asked in waits)
+                    if (flow, step, generation) in opened]
+            return answer
     return None
 
 
@@ -622,9 +627,9 @@ def _not_settled(call: Call, item: Mapping[str, Any], error: Exception) -> dict[
     of the same claim committed before, else its problem."""
     if isinstance(error, Fenced):
         replay = _replayed(call, item["task_id"], item["fence"], item["outcome"],
-                           item.get("waits", ()) if item["outcome"] == "finish" else ())
+                           item.get("waits", ()))
         if replay is not None:
-            return {"task_id": item["task_id"], **replay}
+            return {"task_id": item["task_id"], "waits": [], **replay}
     return _refused(item["task_id"], error)
 
 
