@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -188,6 +189,20 @@ def _opening_waits(*steps: str) -> list[dict]:
     return [{"flow": "replayed", "step": step, "deadline": DEADLINE} for step in steps]
 
 
+def _sent_twice(service, verb: str, body: dict,
+                between: Callable[[str], object] = lambda task_id: None) -> tuple[dict, dict]:
+    """The answers to ``verb`` (finish, fail, release) of a claim on a new task, sent with
+    ``body`` (and the claim's fence) and then sent again, after ``between(task_id)``."""
+    with service.http("alice") as http:
+        task_id = submit(http).json()["task_id"]
+    sent = {"fence": claim(service)["fence"], **body}
+    with service.http("wendy") as worker:
+        first = worker.post(f"/v1/tasks/{task_id}/{verb}", json=sent).json()
+        between(task_id)
+        again = worker.post(f"/v1/tasks/{task_id}/{verb}", json=sent).json()
+    return first, again
+
+
 def _replayed(first: dict) -> dict:
     """``first``, an outcome's answer, as its replay answers it."""
     return {**first, "replay": True,
@@ -195,47 +210,36 @@ def _replayed(first: dict) -> dict:
 
 
 def test_a_finish_sent_again_after_it_committed_replays_the_waits_it_opened(service):
-    with service.http("alice") as http:
-        task_id = submit(http).json()["task_id"]
-    held = claim(service)
-    body = {"fence": held["fence"], "result": "asked", "waits": _opening_waits("b", "a")}
-    with service.http("wendy") as worker:
-        first = worker.post(f"/v1/tasks/{task_id}/finish", json=body).json()
-        again = worker.post(f"/v1/tasks/{task_id}/finish", json=body).json()
+    first, again = _sent_twice(service, "finish",
+                               {"result": "asked", "waits": _opening_waits("b", "a")})
     assert [(opening["step"], opening["generation"]) for opening in first["waits"]] == [
         ("b", 1), ("a", 1)]
     assert again == _replayed(first)
 
 
 def test_a_replayed_finish_answers_the_generation_it_opened_not_a_later_one(service):
+    someone = AuthContext(principal="someone")
     service.store.open_wait("replayed", "a", 0, DEADLINE)  # generation 1: another's
-    service.store.signal(AuthContext(principal="someone"), "e-1", "replayed", "a", 1, "yes")
+    service.store.signal(someone, "e-1", "replayed", "a", 1, "yes")
     service.store.resume("replayed", "a", 1, None)
-    with service.http("alice") as http:
-        task_id = submit(http).json()["task_id"]
-    held = claim(service)
-    body = {"fence": held["fence"], "result": "asked",
-            "waits": [{**wait, "expected_generation": 1} for wait in _opening_waits("a")]}
-    with service.http("wendy") as worker:
-        first = worker.post(f"/v1/tasks/{task_id}/finish", json=body).json()
-        # The same task opens the slot's next generation afterwards.
-        service.store.signal(AuthContext(principal="someone"), "e-2", "replayed", "a", 2, "y")
+    opened_later = []
+
+    def reopened_by_the_same_task(task_id: str) -> None:
+        service.store.signal(someone, "e-2", "replayed", "a", 2, "yes")
         service.store.resume("replayed", "a", 2, None)
-        later = service.store.open_wait("replayed", "a", 2, DEADLINE, task_id=task_id)
-        again = worker.post(f"/v1/tasks/{task_id}/finish", json=body).json()
-    assert (first["waits"][0]["generation"], later.generation) == (2, 3)
+        opened_later.append(
+            service.store.open_wait("replayed", "a", 2, DEADLINE, task_id=task_id).generation)
+
+    first, again = _sent_twice(
+        service, "finish", {"result": "asked", "waits": [
+            {**wait, "expected_generation": 1} for wait in _opening_waits("a")]},
+        between=reopened_by_the_same_task)
+    assert (first["waits"][0]["generation"], opened_later) == (2, [3])
     assert again == _replayed(first)
 
 
 def test_a_replayed_fail_answers_as_its_first_answer_did(service):
-    with service.http("alice") as http:
-        task_id = submit(http).json()["task_id"]
-    held = claim(service)
-    with service.http("wendy") as worker:
-        first = worker.post(f"/v1/tasks/{task_id}/fail",
-                            json={"fence": held["fence"], "reason": "flaky"}).json()
-        again = worker.post(f"/v1/tasks/{task_id}/fail",
-                            json={"fence": held["fence"], "reason": "flaky"}).json()
+    first, again = _sent_twice(service, "fail", {"reason": "flaky"})
     assert first == {"state": "pending", "replay": False}
     assert again == {"state": "pending", "replay": True}
 
