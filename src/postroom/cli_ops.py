@@ -233,6 +233,10 @@ def list_(url: str, kind: str, as_json: bool, limit: int, cursor: str | None,
     if stray := sorted(given - set(_KINDS[kind])):
         option = "--" + stray[0].replace("_", "-")
         raise click.UsageError(f"{option} does not filter {kind}")
+    # A cursor holds the filters it was made with; a time given as a duration is resolved
+    # now, so the next page is asked for with the times this one used.
+    times = [item for name in ("since", "until", "due_before") if filters[name] is not None
+             for item in ("--" + name.replace("_", "-"), repr(filters[name]))]
     with _open(url) as store:
         if kind == "tasks":
             tasks = store.list_tasks(state=filters["state"], queue=filters["queue"],
@@ -240,27 +244,32 @@ def list_(url: str, kind: str, as_json: bool, limit: int, cursor: str | None,
                                      created_after=filters["since"],
                                      created_before=filters["until"], limit=limit,
                                      cursor=cursor)
-            _show_page(kind, tasks, _TASK_COLUMNS, _task_row, as_json=as_json)
+            _show_page(kind, tasks, _TASK_COLUMNS, _task_row, as_json=as_json, times=times)
         elif kind == "waits":
             waits = store.list_waits(due_before=filters["due_before"], limit=limit,
                                      cursor=cursor)
-            _show_page(kind, waits, _WAIT_COLUMNS, _wait_row, as_json=as_json)
+            _show_page(kind, waits, _WAIT_COLUMNS, _wait_row, as_json=as_json, times=times)
         else:
             dead = store.list_dead_replies(limit=limit, cursor=cursor)
-            _show_page(kind, dead, _REPLY_COLUMNS, _reply_row, as_json=as_json)
+            _show_page(kind, dead, _REPLY_COLUMNS, _reply_row, as_json=as_json, times=times)
 
 
 T = TypeVar("T")
 
 
 def _show_page(kind: str, page: Page[T], columns: Sequence[str],
-               row: Callable[[T], Sequence[object]], *, as_json: bool) -> None:
+               row: Callable[[T], Sequence[object]], *, as_json: bool,
+               times: Sequence[str]) -> None:
+    """A page, and how to ask for the next: its cursor, with the ``times`` this page was
+    listed with (a duration resolved to the time it stood for)."""
+    more = (None if page.next_cursor is None
+            else ["--cursor", page.next_cursor, *times])
     if as_json:
-        _echo_json({kind: page.items, "next_cursor": page.next_cursor})
+        _echo_json({kind: page.items, "next_cursor": page.next_cursor, "next_args": more})
         return
     _table(columns, [row(item) for item in page.items])
-    if page.next_cursor is not None:
-        click.echo(f"more: --cursor {page.next_cursor}", err=True)
+    if more is not None:
+        click.echo(f"more: {' '.join(more)}", err=True)
 
 
 _TASK_COLUMNS = ("task_id", "queue", "state", "attempts", "created", "last_error")

@@ -153,6 +153,19 @@ def test_list_pages_go_on_from_the_cursor_printed(db_url, live, auth):
     assert sorted(seen + [task["task_id"] for task in rest["tasks"]]) == sorted(ids)
 
 
+def test_list_pages_filtered_by_a_duration_go_on_with_the_arguments_printed(db_url, live,
+                                                                            auth):
+    ids = [live.receive(auth, far(f"m-{index}")).task_id for index in range(3)]
+    first = shown(cli("list", db_url, "tasks", "--since", "1h", "--limit", "2", "--json"))
+    assert first["next_args"][:2] == ["--cursor", first["next_cursor"]]
+    # "1h" stands for a later time now than it did for the first page.
+    rest = cli("list", db_url, "tasks", "--since", "1h", "--limit", "2", *first["next_args"])
+    assert rest.exit_code == 0, rest.stderr
+    seen = [task["task_id"] for task in first["tasks"]]
+    assert sorted(seen + [line.split()[0] for line in rest.stdout.splitlines()[1:]]) == (
+        sorted(ids))
+
+
 def test_list_dead_replies_and_open_waits(db_url, live, auth):
     reply_id = dead_reply(live, auth, "refused")
     live.open_wait("refund-17", "approve", 0, time.time() + 3600, responder="ana")
