@@ -204,3 +204,15 @@ def get(tx: Tx, settings: Settings, root_task_id: str) -> Chain:
     if chain is None:
         raise NotFound(f"no chain with root {root_task_id}")
     return chain
+
+
+def cancel_answer(task_id: str, acted: bool, state: TaskState) -> dict[str, object]:
+    """What a cancel of ``task_id`` did (``acted``: ``Store.cancel``'s answer; ``state``: the
+    task's state after it), as the CLI and the API answer it: ``cancelled``, whether the task
+    itself was; an ended chain root whose live tasks it cancelled answers its ``state`` and
+    ``chain_cancelled: true``."""
+    cancelled = acted and state is TaskState.CANCELLED
+    answer: dict[str, object] = {"task_id": task_id, "cancelled": cancelled}
+    if acted and not cancelled:
+        answer.update(state=state.value, chain_cancelled=True)
+    return answer

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import click
 
 from postroom import models
+from postroom.chains import cancel_answer
 from postroom.errors import Conflict, Fenced
 
 if TYPE_CHECKING:
@@ -391,11 +392,7 @@ def cancel(url: str, task_id: str, reason: str, operator: str) -> None:
         state = store.task(task_id).state
     if not acted:
         _refused(f"task {task_id} is {state.value}: it has ended")
-    cancelled = state is models.TaskState.CANCELLED
-    shown: dict[str, object] = {"task_id": task_id, "cancelled": cancelled}
-    if not cancelled:  # an ended root: its chain's live tasks were
-        shown.update(state=state.value, chain_cancelled=True)
-    click.echo(json.dumps({**shown, "operator": operator}))
+    click.echo(json.dumps({**cancel_answer(task_id, acted, state), "operator": operator}))
 
 
 @click.command()

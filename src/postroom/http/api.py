@@ -49,6 +49,7 @@ from postroom import (
     Wait,
     WaitOpening,
 )
+from postroom.chains import cancel_answer
 from postroom.http.problems import NOT_FOUND, Problem, problem_for
 from postroom.http.routing import Answer, Call
 from postroom.http.schemas import (
@@ -771,12 +772,7 @@ def cancel(call: Call) -> Answer:
     chain it cancelled answers its ``state`` and ``chain_cancelled: true``)."""
     task_id = _visible_task(call, call.params["task_id"]).task_id
     acted = call.store.cancel(task_id, reason=call.body.get("reason", "cancelled"))
-    state = call.store.task(task_id).state
-    body: dict[str, Any] = {"task_id": task_id,
-                            "cancelled": acted and state is TaskState.CANCELLED}
-    if acted and state is not TaskState.CANCELLED:
-        body.update(state=state.value, chain_cancelled=True)
-    return Answer(body=body)
+    return Answer(body=cancel_answer(task_id, acted, call.store.task(task_id).state))
 
 
 def status(call: Call) -> Answer:
