@@ -279,7 +279,7 @@ def bench(quick: bool, only: tuple[str, ...], folder: Path | None,  # noqa: PLR0
               help="Tasks claimed beyond the free slots (their leases are renewed too); "
                    "default: while handlers end within 5 ms on average, as many as the "
                    "slots run in 5 ms (from the concurrency to 16 times it, at most 1024), "
-                   "else none.")
+                   "else none (what was prefetched is then released).")
 @click.option("--lease", type=float, default=None, metavar="SECONDS",
               help="Each claim's lease (default: the store's, 30).")
 @click.option("--grace", type=float, default=30.0, show_default=True, metavar="SECONDS",

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 import postroom
-from postroom import TaskState
+from postroom import AttemptOutcome, TaskState
 from postroom.runtime import App, Context, PermanentFailure
 from postroom.runtime.worker import QUICK_HANDLER, Worker, WorkerSettings
 from tests.runtime.support import FAST, PATIENCE, eventually, far, running, send, state
@@ -231,6 +231,23 @@ def _processing(store: postroom.Store) -> int:
     return store.status().queues["default"].processing
 
 
+def _timed_app(clock: postroom.ManualClock, release: threading.Event, *, takes: float,
+               held_takes: float = 0.0) -> App:
+    """An app whose handler takes ``takes`` seconds on ``clock``, or, for a task sent with
+    ``{"hold": True}``, ``held_takes`` seconds and then waits for ``release``."""
+    app = App()
+
+    @app.handler("default")
+    def timed(payload: dict[str, object], ctx: Context) -> None:
+        if payload.get("hold"):
+            clock.advance(held_takes)
+            release.wait(PATIENCE)
+        else:
+            clock.advance(takes)
+
+    return app
+
+
 def _claimed_at_once(store: postroom.Store, *, takes: float, concurrency: int = 2,
                      waiting: int = 8) -> int:
     """How many of ``waiting`` tasks a worker of ``concurrency`` holds at once once its
@@ -238,15 +255,7 @@ def _claimed_at_once(store: postroom.Store, *, takes: float, concurrency: int = 
     paused queue, so the worker takes them with one claim when it is resumed."""
     clock = postroom.ManualClock()
     release = threading.Event()
-    app = App()
-
-    @app.handler("default")
-    def timed(payload: dict[str, object], ctx: Context) -> None:
-        if payload.get("hold"):
-            release.wait(PATIENCE)
-        else:
-            clock.advance(takes)
-
+    app = _timed_app(clock, release, takes=takes)
     for n in range(4):
         send(store, f"first-{n}")
     settings = dataclasses.replace(FAST, concurrency=concurrency)
@@ -350,6 +359,29 @@ def test_a_prefetched_coroutine_whose_claim_is_lost_before_the_loop_first_runs_i
         release.set()
         eventually(lambda: worker.stats.done == 2)
     assert ran == ["first", "running"]
+
+
+def test_once_its_handlers_turn_slow_a_worker_releases_what_it_prefetched_for_others(store):
+    clock = postroom.ManualClock()
+    release = threading.Event()
+    app = _timed_app(clock, release, takes=0.0, held_takes=20 * QUICK_HANDLER)
+    for n in range(4):
+        send(store, f"quick-{n}")
+    settings = dataclasses.replace(FAST, concurrency=1)
+    with running(store, app, settings, clock=clock) as worker:
+        eventually(lambda: worker.stats.done == 4)  # quick: 16 tasks a slot prefetched
+        store.pause_queue("default", operator="test", reason="to be claimed at once")
+        send(store, "slow", {"hold": True})
+        waiting = [send(store, f"after-{n}") for n in range(5)]
+        store.resume_queue("default")
+        eventually(lambda: _processing(store) == 6)
+        release.set()  # the slow handler ends: its run turns the average slow
+        eventually(lambda: worker.stats.done == 10)
+    released = [task_id for task_id in waiting
+                if any(attempt.outcome is AttemptOutcome.RELEASED
+                       for attempt in store.story(task_id).attempts)]
+    # The free slot keeps the first; the other four went back to the queue.
+    assert released == waiting[1:]
 
 
 def test_a_worker_given_a_prefetch_claims_that_many_beyond_free_slots_whatever_its_pace(

@@ -122,7 +122,9 @@ class WorkerSettings:
     #: for a commit (their leases are renewed like the running ones'). ``None``: while the
     #: handlers end quickly (their recent run time averages under ``QUICK_HANDLER``
     #: seconds), as many as the slots run in that time (from ``concurrency`` to 16 times
-    #: it, at most ``MAX_PREFETCH``); none otherwise, so no task waits behind a slow handler.
+    #: it, at most ``MAX_PREFETCH``); none otherwise, so no task waits behind a slow handler:
+    #: once the handlers turn slow, the prefetched claims the free slots do not take at once
+    #: are released, for any worker to take.
     prefetch: int | None = None
     #: The lease of each claim, in seconds (``None``: the store's).
     lease: float | None = None
@@ -570,7 +572,9 @@ class Worker:
     def _ended_one(self, held: _Held, outcome: Settlement | None, *,
                    ran: float | None = None) -> None:
         """Its handler ended (after ``ran`` seconds, if it started) with ``outcome``."""
+        given_back: list[_Held] = []
         with self._lock:
+            prefetching = self._prefetch() > 0
             if ran is not None:
                 average = self._run_time
                 self._run_time = (ran if average is None
@@ -578,6 +582,8 @@ class Worker:
             held.running = False
             self._running -= 1
             self._running_of[held.claim.queue] -= 1
+            if prefetching and self._prefetch() == 0:
+                given_back = self._give_back_prefetched()
             keep = (outcome is not None and not held.timed_out and not held.abandoned
                     and not held.cancellation.is_set())
             if keep:
@@ -592,6 +598,25 @@ class Worker:
         if keep:
             assert outcome is not None
             self._outcomes.put((held, outcome))
+        if given_back:
+            log.event(_log, logging.INFO, f"handlers are slow now: releasing {len(given_back)} "
+                                          f"prefetched claims", owner=self.owner)
+            for waiting in given_back:
+                self._hand_over(waiting, Released(claim=waiting.claim))
+
+    def _give_back_prefetched(self) -> list[_Held]:
+        """Under the lock, once the handlers turned slow: give up the prefetched claims whose
+        handlers have not begun, but for those the free slots take at once (the first
+        claimed), so the rest go back to the queue for any worker instead of waiting here
+        behind slow handlers. They are to be released."""
+        waiting = [held for held in self._held.values()
+                   if held.running and not held.began and not held.abandoned]
+        begun = sum(1 for held in self._held.values() if held.running and held.began)
+        surplus = waiting[max(0, self._settings.concurrency - begun):]
+        for held in surplus:
+            held.abandoned = True
+            self._cancel(held)
+        return surplus
 
     # -- execution timeouts ---------------------------------------------------------------------
 
