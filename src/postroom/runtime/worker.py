@@ -357,29 +357,14 @@ class Worker:
         grace_ends = time.monotonic() + self._settings.grace
         with self._lock:
             # The prefetched tasks whose handlers have not begun never will: released at once.
-            waiting = [held for held in self._held.values()
-                       if held.running and not held.began and not held.abandoned]
-            for held in waiting:
-                held.abandoned = True
-                self._cancel(held)
-        if waiting:
-            log.event(_log, logging.INFO, f"stopping: releasing {len(waiting)} claims whose "
-                                          f"handlers had not begun", owner=self.owner)
-            for held in waiting:
-                self._hand_over(held, Released(claim=held.claim))
+            waiting = self._give_up(self._not_begun())
+        self._release(waiting, "stopping: releasing {} claims whose handlers had not begun")
         with self._lock:
             while self._running and time.monotonic() < grace_ends:
                 self._lock.wait(min(0.1, max(0.0, grace_ends - time.monotonic())))
-            unfinished = [held for held in self._held.values()
-                          if not held.ended and not held.abandoned]
-            for held in unfinished:
-                held.abandoned = True
-                self._cancel(held)
-        if unfinished:
-            log.event(_log, logging.INFO, f"stopping: releasing {len(unfinished)} unfinished "
-                                          f"claims", owner=self.owner)
-            for held in unfinished:
-                self._hand_over(held, Released(claim=held.claim))
+            unfinished = self._give_up([held for held in self._held.values()
+                                        if not held.ended and not held.abandoned])
+        self._release(unfinished, "stopping: releasing {} unfinished claims")
         self._outcomes.put(None)  # the settler commits what is queued, then ends
         self._settled.wait()
         self._duties.stop()
@@ -598,25 +583,38 @@ class Worker:
         if keep:
             assert outcome is not None
             self._outcomes.put((held, outcome))
-        if given_back:
-            log.event(_log, logging.INFO, f"handlers are slow now: releasing {len(given_back)} "
-                                          f"prefetched claims", owner=self.owner)
-            for waiting in given_back:
-                self._hand_over(waiting, Released(claim=waiting.claim))
+        self._release(given_back, "handlers are slow now: releasing {} prefetched claims")
 
     def _give_back_prefetched(self) -> list[_Held]:
         """Under the lock, once the handlers turned slow: give up the prefetched claims whose
         handlers have not begun, but for those the free slots take at once (the first
         claimed), so the rest go back to the queue for any worker instead of waiting here
         behind slow handlers. They are to be released."""
-        waiting = [held for held in self._held.values()
-                   if held.running and not held.began and not held.abandoned]
         begun = sum(1 for held in self._held.values() if held.running and held.began)
-        surplus = waiting[max(0, self._settings.concurrency - begun):]
-        for held in surplus:
+        return self._give_up(self._not_begun()[max(0, self._settings.concurrency - begun):])
+
+    def _not_begun(self) -> list[_Held]:
+        """Under the lock: the claims handed to a handler that has not begun (prefetched
+        ones waiting for a slot), in the order they were claimed."""
+        return [held for held in self._held.values()
+                if held.running and not held.began and not held.abandoned]
+
+    def _give_up(self, claims: list[_Held]) -> list[_Held]:
+        """Under the lock: nothing ``claims``' handlers end with is committed any more, and
+        they are told to stop (or never begin). Returns them, to be ``_release``d."""
+        for held in claims:
             held.abandoned = True
             self._cancel(held)
-        return surplus
+        return claims
+
+    def _release(self, claims: list[_Held], message: str) -> None:
+        """Hand back ``claims`` (given up) unfinished, saying so with ``message`` (its ``{}``:
+        how many)."""
+        if not claims:
+            return
+        log.event(_log, logging.INFO, message.format(len(claims)), owner=self.owner)
+        for held in claims:
+            self._hand_over(held, Released(claim=held.claim))
 
     # -- execution timeouts ---------------------------------------------------------------------
 
